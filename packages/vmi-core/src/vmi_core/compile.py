@@ -1,0 +1,142 @@
+"""Compile and lower TileLang kernels for the three targets.
+
+Each target needs its own pass configuration (see ``pass_configs``); the CPU
+build also needs ``-O2`` (TileLang's C build is ``-O0`` otherwise) and lowering
+rules for ``fabs``/``fmod``. TileLang's disk cache key ignores registered
+lowering rules, so the cache lives in a directory named after vmi-core's
+version and a digest of those rules: changing either starts a fresh cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import tilelang
+import tvm
+from tvm import tirx
+
+from . import __version__
+
+CUDA_ARCH_ENV = "VMI_CUDA_ARCH"
+CACHE_DIR_ENV = "VMI_CACHE_DIR"
+DEFAULT_CUDA_ARCH = "sm_90a"
+
+CPU_COMPILE_FLAGS = ("-O2",)
+# C lowering of intrinsics TVM has no default scalar rule for: (tirx op, libm function).
+CPU_LOWERING_RULES = (("fabs", "fabsf"), ("fmod", "fmodf"))
+
+_setup_lock = threading.Lock()
+_cpu_rules_registered = False
+_cache_dir_set = False
+
+
+def cuda_arch() -> str:
+    return os.environ.get(CUDA_ARCH_ENV, DEFAULT_CUDA_ARCH)
+
+
+def tvm_target(target: str) -> tvm.target.Target | str:
+    """The TileLang target object of a vmi target name."""
+    if target == "cpu":
+        return "c"
+    if target == "cuda":
+        return tvm.target.Target({"kind": "cuda", "arch": cuda_arch()})
+    if target == "ascend":
+        import tilelang.ascend  # noqa: F401  (registers the backend)
+        from tilelang.ascend.target import _make_ascend_target
+
+        return _make_ascend_target()
+    raise ValueError(f"target must be one of ('ascend', 'cuda', 'cpu'), got {target!r}")
+
+
+def pass_configs(target: str, *, simd_parallel: bool = True, simt_8bit: bool = False) -> dict:
+    """Per-target pass configuration.
+
+    ``simd_parallel``: the kernel's SIMD regions are ``T.Parallel`` bodies, so let
+    bindings must be inlined or Ascend lowering silently emits scalar code; kernels
+    using explicit ``T.simd.*`` must pass False (the inlining breaks their masks).
+    ``simt_8bit``: an Ascend SIMT region touches 8-bit data, which SIMT can only
+    access element by element.
+    """
+    if target == "cpu":
+        return {"tirx.disable_vectorize": True}
+    if target == "cuda":
+        return {}
+    if target == "ascend":
+        config = {}
+        if simd_parallel:
+            config["tl.force_let_inline"] = True
+        if simt_8bit:
+            config["tirx.disable_vectorize"] = True
+        return config
+    raise ValueError(f"target must be one of ('ascend', 'cuda', 'cpu'), got {target!r}")
+
+
+def cache_key() -> str:
+    """What, besides the kernel itself, decides a cached binary's contents."""
+    rules = repr((CPU_LOWERING_RULES, CPU_COMPILE_FLAGS))
+    digest = hashlib.sha256(f"{__version__}|{tilelang.__version__}|{rules}".encode()).hexdigest()
+    return f"vmi-{__version__}-{digest[:16]}"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_DIR_ENV) or os.environ.get("TILELANG_CACHE_DIR")
+    base = Path(root) if root else Path.home() / ".cache" / "vmi"
+    return base / cache_key()
+
+
+def _setup(target: str) -> None:
+    global _cpu_rules_registered, _cache_dir_set
+    with _setup_lock:
+        if not _cache_dir_set:
+            tilelang.env.TILELANG_CACHE_DIR = str(cache_dir())
+            _cache_dir_set = True
+        if target == "cpu" and not _cpu_rules_registered:
+            for op, libm in CPU_LOWERING_RULES:
+                tvm.ir.register_intrin_lowering(
+                    f"tirx.{op}", target="c", level=99,
+                    f=(lambda name: lambda call: tirx.call_pure_extern(call.dtype, name, *call.args))(libm))
+            _cpu_rules_registered = True
+
+
+def lower(func, target: str, **config) -> str:
+    """Generated source of ``func`` for ``target``; needs no hardware and no device compiler."""
+    _setup(target)
+    tgt = tvm_target(target)
+    if isinstance(tgt, str):
+        tgt = tvm.target.Target(tgt)
+    with tgt, tilelang.transform.PassContext(config=pass_configs(target, **config)):
+        return tilelang.lower(func, target=tgt).kernel_source
+
+
+def compile_kernel(func, target: str, **config):
+    """A callable kernel for ``target`` (cached on disk across processes)."""
+    _setup(target)
+    kwargs = {}
+    if target == "cpu":
+        kwargs["compile_flags"] = list(CPU_COMPILE_FLAGS)
+    return tilelang.compile(func, target=tvm_target(target), pass_configs=pass_configs(target, **config),
+                            **kwargs)
+
+
+class KernelCache:
+    """In-process memo of compiled kernels, keyed by the factory's specialisation."""
+
+    def __init__(self) -> None:
+        self._kernels: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key, build: Callable[[], object]):
+        with self._lock:
+            kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = build()
+            with self._lock:
+                kernel = self._kernels.setdefault(key, kernel)
+        return kernel
+
+
+kernel_cache = KernelCache()

@@ -1,0 +1,103 @@
+"""Targets, flavors and the choice between them.
+
+A *target* is where a kernel runs: ``ascend`` (Ascend 950 vector cores),
+``cuda`` (NVIDIA GPUs) or ``cpu`` (TileLang's C backend). ``torch`` is a
+pseudo-target that runs the PyTorch reference instead of a kernel; it is never
+chosen by default.
+
+A *flavor* is a set of bit conventions: where TileKernels gives different bits
+per platform (packed UE8M0 word width, TMA column-major SF padding, the
+multiplication order for pre-quantized inputs), an op follows the flavor of its
+target. ``cpu`` defaults to the ``ascend`` flavor and can run the ``cuda`` one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+TARGETS = ("ascend", "cuda", "cpu")
+PSEUDO_TARGETS = ("torch",)
+FLAVORS = ("ascend", "cuda")
+
+TARGET_ENV = "VMI_TARGET"
+FLAVOR_ENV = "VMI_FLAVOR"
+
+_DEVICE_TO_TARGET = {"npu": "ascend", "cuda": "cuda", "cpu": "cpu"}
+_TARGET_TO_DEVICE = {"ascend": "npu", "cuda": "cuda", "cpu": "cpu"}
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """Bit conventions of one platform."""
+
+    name: str
+    # Packed UE8M0: exponents per word and the torch dtype of a word.
+    ue8m0_pack: int
+    ue8m0_word_dtype: torch.dtype
+    # TMA-aligned column-major SF: the storage row is padded to this many bytes.
+    col_major_align_bytes: int
+    # Re-quantizing a pre-quantized input: ``fl(fl(q * s_in) * sf_inv)`` when
+    # True (Ascend), ``fl(q * fl(s_in * sf_inv))`` when False (CUDA).
+    dequant_before_scale: bool
+
+    def col_major_align(self, elem_bytes: int) -> int:
+        """Storage-row alignment of a column-major SF, in elements."""
+        return max(1, self.col_major_align_bytes // elem_bytes)
+
+
+ASCEND = Flavor("ascend", ue8m0_pack=2, ue8m0_word_dtype=torch.int16, col_major_align_bytes=1,
+                dequant_before_scale=True)
+CUDA = Flavor("cuda", ue8m0_pack=4, ue8m0_word_dtype=torch.int32, col_major_align_bytes=16,
+              dequant_before_scale=False)
+_FLAVORS = {"ascend": ASCEND, "cuda": CUDA}
+
+
+def get_flavor(name: str | Flavor) -> Flavor:
+    if isinstance(name, Flavor):
+        return name
+    if name not in _FLAVORS:
+        raise ValueError(f"flavor must be one of {FLAVORS}, got {name!r}")
+    return _FLAVORS[name]
+
+
+def target_of_device(device: torch.device) -> str:
+    try:
+        return _DEVICE_TO_TARGET[device.type]
+    except KeyError:
+        raise ValueError(f"tensors on device {device.type!r} are not supported; "
+                         f"expected one of {tuple(_DEVICE_TO_TARGET)}") from None
+
+
+def resolve_target(tensor: torch.Tensor, target: str | None = None) -> str:
+    """The target an op runs on: the argument, else ``$VMI_TARGET``, else the device's.
+
+    A kernel target must match the tensor's device (``torch`` runs anywhere).
+    """
+    device_target = target_of_device(tensor.device)
+    chosen = target or os.environ.get(TARGET_ENV) or device_target
+    if chosen not in TARGETS + PSEUDO_TARGETS:
+        raise ValueError(f"target must be one of {TARGETS + PSEUDO_TARGETS}, got {chosen!r}")
+    if chosen in TARGETS and chosen != device_target:
+        raise ValueError(f"target {chosen!r} runs on {_TARGET_TO_DEVICE[chosen]!r} tensors, "
+                         f"but the input is on {tensor.device.type!r}")
+    return chosen
+
+
+def resolve_flavor(target: str, flavor: str | Flavor | None = None) -> Flavor:
+    """The flavor for ``target``: the argument, else ``$VMI_FLAVOR`` (cpu/torch only).
+
+    ``ascend`` and ``cuda`` always use their own flavor; ``cpu`` and ``torch``
+    default to ``ascend``.
+    """
+    if target in ("ascend", "cuda"):
+        own = _FLAVORS[target]
+        if flavor is not None and get_flavor(flavor) is not own:
+            raise ValueError(f"flavor {get_flavor(flavor).name!r} is not available on target "
+                             f"{target!r}, which always uses its own flavor")
+        return own
+    if target not in ("cpu", "torch"):
+        raise ValueError(f"target must be one of {TARGETS + PSEUDO_TARGETS}, got {target!r}")
+    return get_flavor(flavor or os.environ.get(FLAVOR_ENV) or "ascend")

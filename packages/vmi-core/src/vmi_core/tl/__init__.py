@@ -1,0 +1,1 @@
+"""TileLang-side building blocks: the kernel shell and kernel macros (formats, SR, reductions)."""

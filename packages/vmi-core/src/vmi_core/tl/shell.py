@@ -1,0 +1,110 @@
+"""The portable kernel shell: the per-target pieces around a kernel body.
+
+A kernel body is written once against a ``Shell``; the shell decides what each
+piece lowers to on each target:
+
+=================  ==========================  =====================  ==================
+piece              ascend                      cuda                   cpu
+=================  ==========================  =====================  ==================
+``kernel``         1-D core grid               grid, ``threads=``     serial grid loop
+``tiles``          ``T.Persistent`` over the work-tile domain (round-robin over workers)
+``tile``           UB (``alloc_shared``)       shared memory          stack array
+``vector``         ``T.SimdVF``/``T.SimtVF``   no region              no region
+``copy``           MTE DMA (tails clamped)     ``T.copy``             ``T.copy``
+``buffer_versions``  multi-buffering annotation  nothing                nothing
+=================  ==========================  =====================  ==================
+
+Bodies keep to element-wise expressions over tiles, per-row scalars and
+explicit reductions so that a later pass can re-emit them as explicit vector
+code without rewriting the ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import tilelang.language as TL
+
+# Persistent workers per target: Ascend 950 vector cores, H200 SMs (x2 blocks), one CPU thread.
+DEFAULT_WORKERS = {"ascend": 64, "cuda": 264, "cpu": 1}
+WORKERS_ENV = "VMI_{}_WORKERS"
+CUDA_THREADS = 128
+SIMT_THREADS = 128
+
+SIMD = "simd"
+SIMT = "simt"
+
+
+def _language(target: str):
+    if target == "ascend":
+        import tilelang.ascend  # noqa: F401  (registers the backend)
+        import tilelang.ascend.language as TA
+
+        return TA
+    return TL
+
+
+class Shell:
+    """Target-specific launch, buffers, vector regions and DMA for one kernel body."""
+
+    def __init__(self, target: str, workers: int | None = None):
+        if target not in DEFAULT_WORKERS:
+            raise ValueError(f"target must be one of {tuple(DEFAULT_WORKERS)}, got {target!r}")
+        self.target = target
+        self.T = _language(target)
+        env = os.environ.get(WORKERS_ENV.format(target.upper()))
+        self.workers = int(workers or env or DEFAULT_WORKERS[target])
+        self.is_cpu = target == "cpu"
+        self.is_cuda = target == "cuda"
+        self.is_ascend = target == "ascend"
+
+    def kernel(self, grid):
+        """The launch: a 1-D grid of ``grid`` blocks (cores on Ascend)."""
+        if self.is_cuda:
+            return self.T.Kernel(grid, threads=CUDA_THREADS)
+        return self.T.Kernel(grid)
+
+    def persistent_kernel(self):
+        """A launch of ``self.workers`` persistent workers; pair with ``tiles``."""
+        return self.kernel(self.workers)
+
+    def tiles(self, domain, worker, *, group_size=1, num_stages=2):
+        """Persistent loop over the work-tile ``domain`` for ``worker``.
+
+        Tiles go round-robin over the workers in waves; ``group_size`` consecutive
+        tiles of the last axis stay on consecutive iterations of one worker, and
+        ``num_stages`` > 1 lets DMA of the next tile overlap compute (Ascend).
+        """
+        return self.T.Persistent(list(domain), self.workers, worker, group_size=group_size,
+                                 num_stages=num_stages if self.is_ascend else 0)
+
+    def tile(self, shape, dtype):
+        """An on-chip tile (UB on Ascend, shared memory on CUDA, a stack array on CPU)."""
+        if self.is_ascend:
+            return self.T.alloc_shared(shape, dtype)
+        return self.T.alloc_shared(shape, dtype, scope="shared")
+
+    def vector(self, kind: str = SIMT):
+        """The vector region a body runs in; ``kind`` is ``"simd"`` or ``"simt"`` on Ascend.
+
+        Bodies that need casts, bit operations, comparisons or per-lane serial loops
+        must say ``simt``: TileLang's SIMD lowering of ``T.Parallel`` accepts only
+        plain arithmetic on one dtype.
+        """
+        if kind not in (SIMD, SIMT):
+            raise ValueError(f"vector region kind must be 'simd' or 'simt', got {kind!r}")
+        if not self.is_ascend:
+            return contextlib.nullcontext()
+        if kind == SIMD:
+            return self.T.SimdVF()
+        return self.T.SimtVF(threads=SIMT_THREADS)
+
+    def copy(self, src, dst):
+        """DMA between global memory and a tile; partial tiles at the edges are clamped."""
+        return self.T.copy(src, dst)
+
+    def buffer_versions(self, versions: dict):
+        """Multi-buffer ``{tile: count}`` on targets that pipeline DMA (Ascend)."""
+        if self.is_ascend:
+            self.T.annotate_buffer_versions(versions)

@@ -1,0 +1,56 @@
+"""The four vmi distributions are installed, at the versions their pyproject.toml declare,
+and the family packages depend on a compatible vmi-core."""
+
+from __future__ import annotations
+
+import re
+import sys
+from importlib.metadata import distribution, requires, version
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml on Python 3.10 needs tomli")
+
+ROOT = Path(__file__).resolve().parents[1]
+DISTRIBUTIONS = {
+    "vmi-core": "vmi_core",
+    "vmi-quant": "vmi_quant",
+    "vmi-mhc": "vmi_mhc",
+    "vmi-moe": "vmi_moe",
+}
+FAMILIES = ("vmi-quant", "vmi-mhc", "vmi-moe")
+
+
+def _pyproject(dist: str) -> dict:
+    with open(ROOT / "packages" / dist / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]
+
+
+@pytest.mark.parametrize("dist", sorted(DISTRIBUTIONS))
+def test_installed_version_matches_pyproject(dist: str) -> None:
+    project = _pyproject(dist)
+    assert project["name"] == dist
+    assert version(dist) == project["version"]
+
+
+@pytest.mark.parametrize("dist", FAMILIES)
+def test_family_requires_compatible_core(dist: str) -> None:
+    reqs = [re.sub(r"\s+", "", r) for r in requires(dist) or []]
+    assert "vmi-core~=0.1.0" in reqs, f"{dist} requires {reqs}"
+
+
+def test_core_pins_tilelang_and_declares_cli() -> None:
+    reqs = [re.sub(r"\s+", "", r) for r in requires("vmi-core") or []]
+    assert "tilelang==0.1.15" in reqs, reqs
+    eps = distribution("vmi-core").entry_points
+    scripts = {ep.name: ep.value for ep in eps if ep.group == "console_scripts"}
+    assert scripts.get("vmi") == "vmi_core.cli:main"
+
+
+def test_quant_registers_ops_entry_point() -> None:
+    eps = {ep.name: ep.value for ep in distribution("vmi-quant").entry_points if ep.group == "vmi.ops"}
+    assert eps == {"quant": "vmi_quant.ops"}
