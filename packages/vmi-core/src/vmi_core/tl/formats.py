@@ -6,6 +6,10 @@ integer math pins down rounding, saturation, signed zeros and subnormals exactly
 boundary as integer bit views: bf16 as uint16, E4M3 and UE8M0 as uint8, FP4 as
 uint8 bytes holding two codes (element ``2j`` in the low nibble).
 
+Every intermediate that is used more than once lives in a ``T.alloc_var`` scalar:
+TileLang inlines let bindings, and nested macros would otherwise repeat their
+arguments' expressions at every use.
+
 The torch twins of these macros live in ``vmi_core.formats``; tests hold the
 two against each other and against torch's own casts.
 """
@@ -30,8 +34,16 @@ def u32(value: int):
 
 
 def f32_const(value: float):
-    """An fp32 constant, rounded once from the Python float."""
-    return T.float32(float(np.float32(value)))
+    """An fp32 constant, rounded once from the Python float, that every target reproduces.
+
+    TVM's C code generator prints fp32 literals with 7 significant digits, which moves
+    about half of all fp32 values by 1-4 ulp. Values that survive that printing stay
+    literals; the others are written as their bit pattern, reinterpreted.
+    """
+    f = np.float32(value)
+    if np.float32(float(f"{f:e}")) == f:
+        return T.float32(float(f))
+    return T.reinterpret(T.uint32(int(f.view(np.uint32))), "float32")
 
 
 @T.macro
@@ -53,6 +65,9 @@ def abs_bits(x):
 @T.macro
 def rne_shift_right(sig, shift):
     """``sig / 2^shift`` rounded to nearest, ties to even; ``shift`` in [1, 31]."""
+    kept = T.alloc_var("uint32")
+    rest = T.alloc_var("uint32")
+    half = T.alloc_var("uint32")
     kept = sig >> shift
     rest = sig & ((u32(1) << shift) - u32(1))
     half = u32(1) << (shift - u32(1))
@@ -62,10 +77,10 @@ def rne_shift_right(sig, shift):
 @T.macro
 def _subnormal_units(a, unit_exp_bias):
     """``|x|`` (abs bits ``a``) in units of ``2^(unit_exp_bias - 150)``, RNE, for small |x|."""
+    exp = T.alloc_var("uint32")
     exp = a >> u32(23)
-    sig = T.if_then_else(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000))
-    shift = T.min(u32(unit_exp_bias) - T.max(exp, u32(1)), u32(31))
-    return rne_shift_right(sig, shift)
+    return rne_shift_right(T.Select(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000)),
+                           T.min(u32(unit_exp_bias) - T.max(exp, u32(1)), u32(31)))
 
 
 # --- bf16 -------------------------------------------------------------------------------------
@@ -78,73 +93,78 @@ def bf16_to_f32(bits16):
 @T.macro
 def f32_to_bf16(x):
     """fp32 -> bf16 bits (uint16), round to nearest even; NaN stays a quiet NaN."""
+    b = T.alloc_var("uint32")
     b = T.reinterpret(x, "uint32")
-    rounded = (b + u32(0x7FFF) + ((b >> u32(16)) & u32(1))) >> u32(16)
-    is_nan = (b & u32(_F32_ABS)) > u32(_F32_INF)
-    return T.Cast("uint16", T.if_then_else(is_nan, (b >> u32(16)) | u32(0x40), rounded))
+    return T.Cast("uint16", T.Select((b & u32(_F32_ABS)) > u32(_F32_INF), (b >> u32(16)) | u32(0x40),
+                                     (b + u32(0x7FFF) + ((b >> u32(16)) & u32(1))) >> u32(16)))
 
 
 # --- fp8 e4m3 ---------------------------------------------------------------------------------
 
 @T.macro
 def e4m3_to_f32(code):
+    c = T.alloc_var("uint32")
+    sign = T.alloc_var("uint32")
+    exp = T.alloc_var("uint32")
     c = T.Cast("uint32", code)
     sign = (c & u32(0x80)) << u32(24)
     exp = (c >> u32(3)) & u32(0xF)
-    man = c & u32(0x7)
-    normal = sign | ((exp + u32(120)) << u32(23)) | (man << u32(20))
-    subnormal = sign | T.reinterpret(T.Cast("float32", man) * T.float32(2.0**-9), "uint32")
-    is_nan = (c & u32(0x7F)) == u32(0x7F)
+    normal = sign | ((exp + u32(120)) << u32(23)) | ((c & u32(0x7)) << u32(20))
+    subnormal = sign | T.reinterpret(T.Cast("float32", c & u32(0x7)) * T.float32(2.0**-9), "uint32")
     return T.reinterpret(
-        T.if_then_else(is_nan, sign | u32(0x7FC00000), T.if_then_else(exp == u32(0), subnormal, normal)),
+        T.Select((c & u32(0x7F)) == u32(0x7F), sign | u32(0x7FC00000), T.Select(exp == u32(0), subnormal, normal)),
         "float32")
 
 
 @T.macro
 def f32_to_e4m3(x):
     """fp32 -> E4M3 code (uint8): RNE, saturating to +-448 (inf too), NaN -> 0x7F, sign kept."""
+    b = T.alloc_var("uint32")
+    a = T.alloc_var("uint32")
     b = T.reinterpret(x, "uint32")
     a = b & u32(_F32_ABS)
-    sign = (b >> u32(24)) & u32(0x80)
     normal = ((a + u32(0x7FFFF) + ((a >> u32(20)) & u32(1))) >> u32(20)) - u32(120 << 3)
     # Subnormal E4M3 codes count units of 2^-9 = 2^(141 - 150).
-    code = T.if_then_else(
+    code = T.Select(
         a > u32(_F32_INF), u32(0x7F),
-        T.if_then_else(a >= u32(_E4M3_MAX_BITS), u32(0x7E),
-                       T.if_then_else(a >= u32(_E4M3_MIN_NORMAL_BITS), normal, _subnormal_units(a, 141))))
-    return T.Cast("uint8", code | sign)
+        T.Select(a >= u32(_E4M3_MAX_BITS), u32(0x7E),
+                 T.Select(a >= u32(_E4M3_MIN_NORMAL_BITS), normal, _subnormal_units(a, 141))))
+    return T.Cast("uint8", code | ((b >> u32(24)) & u32(0x80)))
 
 
 # --- fp4 e2m1 ---------------------------------------------------------------------------------
 
 @T.macro
 def e2m1_to_f32(code):
+    c = T.alloc_var("uint32")
+    exp = T.alloc_var("uint32")
     c = T.Cast("uint32", code)
-    sign = (c & u32(0x8)) << u32(28)
     exp = (c >> u32(1)) & u32(0x3)
-    man = c & u32(0x1)
-    normal = ((exp + u32(126)) << u32(23)) | (man << u32(22))
-    subnormal = man * u32(0x3F000000)  # 0.5 or 0
-    return T.reinterpret(sign | T.if_then_else(exp == u32(0), subnormal, normal), "float32")
+    normal = ((exp + u32(126)) << u32(23)) | ((c & u32(0x1)) << u32(22))
+    subnormal = (c & u32(0x1)) * u32(0x3F000000)  # 0.5 or 0
+    return T.reinterpret(((c & u32(0x8)) << u32(28)) | T.Select(exp == u32(0), subnormal, normal), "float32")
 
 
 @T.macro
 def f32_to_e2m1(x):
     """fp32 -> E2M1 code (0..15, as uint32): RNE ties-to-even, saturating to +-6 (inf and NaN too)."""
+    b = T.alloc_var("uint32")
+    a = T.alloc_var("uint32")
     b = T.reinterpret(x, "uint32")
     a = b & u32(_F32_ABS)
-    sign = (b >> u32(28)) & u32(0x8)
     normal = T.min(((a + u32(0x1FFFFF) + ((a >> u32(22)) & u32(1))) >> u32(22)) - u32(126 << 1), u32(7))
     # Subnormal E2M1 codes count units of 2^-1 = 2^(149 - 150).
-    code = T.if_then_else(a >= u32(_F32_INF), u32(7),
-                          T.if_then_else(a >= u32(_E2M1_ONE_BITS), normal, _subnormal_units(a, 149)))
-    return code | sign
+    code = T.Select(a >= u32(_F32_INF), u32(7),
+                    T.Select(a >= u32(_E2M1_ONE_BITS), normal, _subnormal_units(a, 149)))
+    return code | ((b >> u32(28)) & u32(0x8))
 
 
 @T.macro
 def e2m1_pack(lo_code, hi_code):
     """Two E2M1 codes in one byte, the even element in the low nibble."""
-    return T.Cast("uint8", (T.Cast("uint32", lo_code) & u32(0xF)) | ((T.Cast("uint32", hi_code) & u32(0xF)) << u32(4)))
+    lo = T.Cast("uint32", lo_code) & u32(0xF)
+    hi = T.Cast("uint32", hi_code) & u32(0xF)
+    return T.Cast("uint8", lo | (hi << u32(4)))
 
 
 @T.macro

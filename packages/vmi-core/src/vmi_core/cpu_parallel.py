@@ -1,0 +1,42 @@
+"""Row-parallel execution of CPU kernels.
+
+TileLang's C backend emits single-threaded code, but its ctypes call releases the
+GIL: a kernel with a runtime row count can be run from several Python threads on
+disjoint row ranges. Rows split at multiples of ``align`` so tiles (and packed
+SF words along M) never straddle two ranges.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+THREADS_ENV = "VMI_CPU_THREADS"
+_pool: ThreadPoolExecutor | None = None
+
+
+def cpu_threads() -> int:
+    return max(1, int(os.environ.get(THREADS_ENV) or os.cpu_count() or 1))
+
+
+def row_ranges(num_rows: int, threads: int, align: int, min_rows: int) -> list[tuple[int, int]]:
+    """At most ``threads`` ranges of ``align``-multiple size covering ``[0, num_rows)``, none
+    shorter than ``min_rows`` unless it is the only one."""
+    chunks = max(1, min(threads, num_rows // max(min_rows, 1)))
+    step = -(-num_rows // chunks)
+    step = -(-step // align) * align
+    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)] or [(0, 0)]
+
+
+def run_rows(run: Callable[[int, int], None], num_rows: int, *, align: int = 1, min_rows: int = 256) -> None:
+    """Call ``run(start, stop)`` over row ranges, concurrently when there is more than one."""
+    global _pool
+    ranges = row_ranges(num_rows, cpu_threads(), align, min_rows)
+    if len(ranges) == 1:
+        run(*ranges[0])
+        return
+    if _pool is None:
+        _pool = ThreadPoolExecutor(cpu_threads(), thread_name_prefix="vmi-cpu")
+    for future in [_pool.submit(run, start, stop) for start, stop in ranges]:
+        future.result()

@@ -1,0 +1,74 @@
+"""Stochastic rounding (SR) as kernel macros.
+
+Random bits come from a stateless hash of the values themselves and a position
+counter (no seed, no RNG state), so identical inputs give identical outputs on
+every target. A quad of four consecutive fp32 values ``v0..v3`` and a counter
+``e`` give a hash ``h`` and from it two 32-bit words ``r0, r1``; element ``p`` of the quad rounds with the
+16-bit number ``R_p = low16(r0), high16(r0), low16(r1), high16(r1)``.
+
+Rounding rule, for every output format: truncate toward zero to the target grid,
+then step one grid point away from zero iff ``R_p`` is below the discarded bits
+scaled to 16 bits. E4M3 and E2M1 saturate at their largest finite value; bf16 does
+not (the largest finite value may step to infinity). The torch twin is
+``vmi_core.stochastic``.
+"""
+
+from __future__ import annotations
+
+import tilelang.language as T
+
+from .formats import u32
+
+# (mantissa bits, minimum normal exponent, largest finite fp32 bit pattern or None)
+SR_FORMATS = {
+    "bf16": (7, -126, None),
+    "e4m3": (3, -6, 0x43E00000),
+    "e2m1": (1, 0, 0x40C00000),
+}
+
+_W = (0x5671D42B, 0x9995E499, 0xACE1B8A5, 0xE153538D)
+
+
+@T.macro
+def sr_mix(b0, b1, b2, b3, counter):
+    """The 32-bit quad hash ``h`` of four fp32 bit patterns and a counter."""
+    h = T.alloc_var("uint32")
+    h = b0 * u32(_W[0]) + b1 * u32(_W[1]) + b2 * u32(_W[2]) + b3 * u32(_W[3]) + counter
+    h = (h ^ (h >> u32(23))) * u32(0x7FEB352D)
+    return h ^ (h >> u32(16))
+
+
+@T.macro
+def sr_random16(h, p: int):
+    """The 16-bit random number of element ``p`` (0..3, a Python int) of the quad hashed to ``h``."""
+    r = T.alloc_var("uint32")
+    r = h * u32(0x846CA68B if p < 2 else 0xD35A2D97)
+    return ((r ^ (r >> u32(11))) >> u32(16 * (p % 2))) & u32(0xFFFF)
+
+
+def stochastic_round(x, r16, fmt: str):
+    """``x`` (fp32) rounded stochastically onto ``fmt``'s grid, as fp32; encode it with RNE after."""
+    man_bits, min_exp, max_bits = SR_FORMATS[fmt]
+    return _stochastic_round(x, r16, u32(23 - man_bits), u32(min_exp + 127), u32(max_bits or 0x7F800000),
+                             u32(0x3F800000 + ((min_exp - man_bits) << 23)))
+
+
+@T.macro
+def _stochastic_round(x, r16, normal_dropped, min_biased_exp, keep_from_bits, smallest_bits):
+    b = T.alloc_var("uint32")
+    a = T.alloc_var("uint32")
+    exp = T.alloc_var("uint32")
+    dropped = T.alloc_var("uint32")
+    mask = T.alloc_var("uint32")
+    up = T.alloc_var("uint32")
+    b = T.reinterpret(x, "uint32")
+    a = b & u32(0x7FFFFFFF)
+    exp = a >> u32(23)
+    sig = T.Select(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000))
+    dropped = normal_dropped + T.Select(T.max(exp, u32(1)) < min_biased_exp, min_biased_exp - T.max(exp, u32(1)),
+                                        u32(0))
+    mask = (u32(1) << T.min(dropped, u32(31))) - u32(1)
+    up = T.Cast("uint32", r16 < T.Select(dropped >= u32(40), u32(0), (sig & mask) >> (dropped - u32(16))))
+    mag = T.Select(dropped <= u32(23), (a & ~mask) + (up << T.min(dropped, u32(23))), up * smallest_bits)
+    # Saturated, infinite and NaN inputs pass through: the RNE encoders saturate them.
+    return T.reinterpret(T.Select(a >= keep_from_bits, b, (b & u32(0x80000000)) | mag), "float32")

@@ -1,0 +1,187 @@
+"""``per_token_cast`` family: public dispatch (validation, allocation, backend choice).
+
+Quantizes each token (row) in groups of ``num_per_channels`` channels to E4M3 or
+FP4 (E2M1) with one scaling factor per group. Names and parameters follow
+TileKernels v2; ``target`` and ``flavor`` are vmi's additions (see vmi_core.targets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from vmi_core.sf_layout import SFLayout, ceil_div
+from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+
+from . import per_token_cast_parallel as parallel
+from . import reference
+from .config import get_amax_clamp_for_quant
+from .inputs import (
+    NUM_PER_CHANNELS,
+    OUT_DTYPES,
+    CastInput,
+    check_fmt,
+    check_matrix,
+    check_out_data,
+    check_same_device,
+    check_sf_options,
+    decode_input,
+    physical_cols,
+    sf_layout_of,
+)
+from .kernel_common import ScaleRule
+
+
+@dataclass
+class PerTokenCastCall:
+    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+
+    spec: parallel.PerTokenCastSpec
+    inp: CastInput
+    flavor: Flavor
+    out: torch.Tensor | None
+    sf: torch.Tensor
+
+
+def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+             use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor):
+    check_fmt(fmt)
+    device = (x[0] if isinstance(x, tuple) else x).device if isinstance(x, (tuple, torch.Tensor)) else None
+    if device is None:
+        raise TypeError(f"x must be a torch.Tensor or a (data, sf) tuple, got {type(x).__name__}")
+    target = resolve_target(x[0] if isinstance(x, tuple) else x, target)
+    flavor = resolve_flavor(target, flavor)
+    inp = decode_input(x, x_block_size, flavor)
+    check_sf_options(round_sf, use_packed_ue8m0, use_e4m3_sf)
+    if not isinstance(use_tma_aligned_col_major_sf, bool):
+        raise TypeError("use_tma_aligned_col_major_sf must be a bool")
+    if not isinstance(stochastic_cast, bool):
+        raise TypeError("stochastic_cast must be a bool")
+    if num_per_channels not in NUM_PER_CHANNELS:
+        raise ValueError(f"num_per_channels must be one of {NUM_PER_CHANNELS}, got {num_per_channels!r}")
+    if inp.hidden % 64:
+        raise ValueError(f"the hidden size of x must be a multiple of 64, got {inp.hidden}")
+
+    nbm, nbk = inp.num_tokens, ceil_div(inp.hidden, num_per_channels)
+    layout = SFLayout.of(flavor, packed=use_packed_ue8m0, e4m3=use_e4m3_sf,
+                         col_major=use_tma_aligned_col_major_sf)
+    if mode == "cast_only":
+        if not isinstance(sf, torch.Tensor):
+            raise TypeError(f"sf must be a torch.Tensor, got {type(sf).__name__}")
+        if use_packed_ue8m0 or use_tma_aligned_col_major_sf:
+            raise ValueError("a precomputed sf must be row-major and unpacked: pass "
+                             "use_packed_ue8m0=False and use_tma_aligned_col_major_sf=False")
+        if inp.sf is not None:
+            raise ValueError("a precomputed sf needs a plain bf16/fp32 x")
+        check_same_device(sf, "sf", device)
+        layout = sf_layout_of(sf, flavor, num_per_channels, "sf")
+        if layout.kind != ("e4m3" if use_e4m3_sf else "fp32"):
+            raise TypeError(f"sf must be {'float8_e4m3fn' if use_e4m3_sf else 'float32'} "
+                            f"with use_e4m3_sf={use_e4m3_sf}, got {sf.dtype}")
+        layout.check(sf, nbm, nbk, "sf")
+    elif sf is not None:
+        layout.check(sf, nbm, nbk, "out_sf")
+        check_same_device(sf, "out_sf", device)
+    elif nbm:
+        sf = layout.allocate(nbm, nbk, flavor, device)
+    else:
+        sf = layout.allocate(0, nbk, flavor, device)
+
+    if mode != "sf_only":
+        if out is None:
+            out = torch.empty((inp.num_tokens, physical_cols(fmt, inp.hidden)), dtype=OUT_DTYPES[fmt], device=device)
+        else:
+            check_out_data(out, fmt, inp.num_tokens, inp.hidden, device)
+    elif inp.sf is not None:
+        raise ValueError("per_token_cast_with_sf_only needs a plain bf16/fp32 x")
+
+    quant_input = None
+    if inp.sf is not None:
+        quant_input = parallel.QuantInput(inp.sf_layout, *inp.block_size, dequant_first=flavor.dequant_before_scale)
+    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, use_e4m3_sf), round_sf=round_sf, e4m3_sf=use_e4m3_sf,
+                     stored=layout.kind)
+    spec = parallel.PerTokenCastSpec(inp.fmt, fmt, num_per_channels, mode, rule, layout, stochastic_cast,
+                                     quant_input)
+    return target, PerTokenCastCall(spec, inp, flavor, out, sf)
+
+
+def _reference(call: PerTokenCastCall, x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+               use_e4m3_sf, stochastic_cast):
+    spec = call.spec
+    block = (1, spec.num_per_channels)
+    x_block = call.inp.block_size
+    if spec.mode == "cast_only":
+        data = reference.cast(x, spec.fmt, block, sf=call.sf, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf,
+                              flavor=call.flavor)
+        return call.out.copy_(data)
+    data, sf = reference.cast(x, spec.fmt, block, x_block_size=x_block, round_sf=round_sf,
+                              use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
+                              use_packed_ue8m0=use_packed_ue8m0, use_e4m3_sf=use_e4m3_sf,
+                              stochastic=stochastic_cast, flavor=call.flavor)
+    call.sf.copy_(sf)
+    if spec.mode == "sf_only":
+        return call.sf
+    call.out.copy_(data)
+    return call.out, call.sf
+
+
+def _run(mode, x, fmt, num_per_channels, x_block_size=None, use_tma_aligned_col_major_sf=False,
+         round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, stochastic_cast=False, out=None, sf=None,
+         target=None, flavor=None, kernel_only=False):
+    target, call = _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                            use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor)
+    if target == "torch":
+        if kernel_only:
+            raise ValueError("per_token_cast_parallel always runs the kernel; target 'torch' is the reference")
+        return _reference(call, x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
+                          stochastic_cast)
+    parallel.launch(call, target)
+    if mode == "sf_only":
+        return call.sf
+    if mode == "cast_only":
+        return call.out
+    return call.out, call.sf
+
+
+def split_out(out):
+    """``(data, sf)`` of an optional preallocated ``out`` pair."""
+    if out is None:
+        return None, None
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError("out must be a (data, sf) tuple")
+    return out
+
+
+def per_token_cast(x, fmt: str, num_per_channels: int, x_block_size=None, use_tma_aligned_col_major_sf=False,
+                   round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, stochastic_cast=False, out=None,
+                   *, target: str | None = None, flavor: str | None = None):
+    """Quantize every token in groups of ``num_per_channels`` channels; returns ``(data, sf)``.
+
+    ``x``: bf16/fp32 ``(M, K)`` (row stride may exceed K), or a pre-quantized
+    ``(data, sf)`` tuple (E4M3 ``(M, K)`` or FP4 int8 ``(M, K/2)`` data) with
+    ``x_block_size``. ``fmt``: ``"e4m3"`` or ``"e2m1"``. ``out``: optional
+    preallocated ``(data, sf)``. The SF is fp32, E4M3 (``use_e4m3_sf``), or packed
+    UE8M0 words (``use_packed_ue8m0``, needs ``round_sf``), row-major or TMA-aligned
+    column-major.
+    """
+    out_x, out_sf = split_out(out)
+    return _run("cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_x, out_sf, target, flavor)
+
+
+def per_token_cast_with_sf_only(x, fmt: str, num_per_channels: int, use_tma_aligned_col_major_sf=False,
+                                round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, out_sf=None,
+                                *, target: str | None = None, flavor: str | None = None):
+    """Only the SF ``per_token_cast`` would return (no data is written)."""
+    return _run("sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
+                use_packed_ue8m0, use_e4m3_sf, False, None, out_sf, target, flavor)
+
+
+def per_token_cast_with_precomputed_sf(x, fmt: str, num_per_channels: int, sf, use_tma_aligned_col_major_sf=False,
+                                       round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, out=None,
+                                       *, target: str | None = None, flavor: str | None = None):
+    """Quantize with a given row-major fp32 (or E4M3) ``sf``: ``q = cast(x * (1 / sf))``; returns data."""
+    if out is not None:
+        check_matrix(out, "out")
+    return _run("cast_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
+                use_packed_ue8m0, use_e4m3_sf, False, out, sf, target, flavor)

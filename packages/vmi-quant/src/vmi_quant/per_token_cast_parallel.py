@@ -1,0 +1,270 @@
+"""``per_token_cast`` as one parallel-style TileLang kernel for ascend, cuda and cpu.
+
+Work tiles are ``BLOCK_M`` tokens x ``BLOCK_K`` channels, handed out round-robin
+to persistent workers, hidden tiles of one token tile on consecutive iterations.
+Token count, hidden size and all strides are runtime values, so one compiled kernel
+serves every shape of an option combination.
+Per tile:
+
+1. DMA the input tile into an on-chip tile (row stride = the token stride); for a
+   pre-quantized input, gather and decode the input scales the tile touches;
+2. per (token, group): amax of |x| by a per-lane accumulator over the group;
+3. per (token, group): sf and sf_inv from the amax (or sf_inv = 1/sf from a given SF);
+4. per element (per quad with stochastic rounding): scale, round and encode;
+5. DMA the data tile out; scatter the SF tile into any SF layout (unused bytes of
+   packed words are never touched).
+
+Every vector region is SIMT on Ascend: the body needs casts, bit operations,
+comparisons and per-lane serial loops, none of which TileLang 0.1.15's SIMD lowering
+of ``T.Parallel`` accepts.
+"""
+
+
+from dataclasses import dataclass
+
+import torch
+import tilelang.language as T
+from vmi_core.compile import compile_kernel, kernel_cache, lower
+from vmi_core.cpu_parallel import run_rows
+from vmi_core.sf_layout import SFLayout, sf_address
+from vmi_core.tl import formats as F
+from vmi_core.tl.reduce import segment_reduce
+from vmi_core.tl.shell import SIMT, Shell
+
+from .kernel_common import (
+    KERNEL_DTYPE,
+    ScaleRule,
+    decode_element,
+    encode,
+    encode_stochastic_quad,
+    load_scale,
+    store_scale,
+)
+
+MODES = ("cast", "sf_only", "cast_only")
+# A tile covers whole groups (num_per_channels <= 128) and stays small enough for
+# CPU stack arrays and the Ascend UB budget with double buffering.
+BLOCK_M = 32
+BLOCK_K = 128
+
+
+@dataclass(frozen=True)
+class QuantInput:
+    """A pre-quantized input: its SF layout and blocks, and the multiplication order."""
+
+    sf_layout: SFLayout
+    block_m: int
+    block_k: int
+    dequant_first: bool
+
+
+@dataclass(frozen=True)
+class PerTokenCastSpec:
+    """Everything a per_token_cast kernel is specialised on (shapes are runtime values)."""
+
+    in_fmt: str
+    fmt: str
+    num_per_channels: int
+    mode: str
+    rule: ScaleRule
+    sf_layout: SFLayout
+    stochastic: bool = False
+    quant_input: QuantInput | None = None
+
+
+def _phys(fmt: str, cols: int) -> int:
+    """Storage columns of ``cols`` logical elements (FP4: two per byte)."""
+    return cols // 2 if fmt == "e2m1" else cols
+
+
+def build_per_token_cast(spec: PerTokenCastSpec, target: str):
+    """The TileLang prim_func of ``spec`` for ``target``."""
+    sh = Shell(target)
+    TK = sh.T
+    npc, fmt = spec.num_per_channels, spec.fmt
+    BM, BK = BLOCK_M, BLOCK_K
+    groups = BK // npc
+    in_dtype = KERNEL_DTYPE[spec.in_fmt]
+    in_cols, out_cols = _phys(spec.in_fmt, BK), _phys(fmt, BK)
+    sf_dtype = "float32" if spec.sf_layout.kind == "fp32" else "uint8"
+    qin = spec.quant_input
+    qin_dtype = "float32" if qin is None or qin.sf_layout.kind == "fp32" else "uint8"
+    qin_cols = 1 if qin is None else (BK - 1) // qin.block_k + 2
+    writes_data = spec.mode != "sf_only"
+    computes_sf = spec.mode != "cast_only"
+
+    M = TK.dynamic("M")
+    XK = TK.dynamic("XK")
+    OK = TK.dynamic("OK")
+    XSF_LEN = TK.dynamic("XSF_LEN")
+    SF_LEN = TK.dynamic("SF_LEN")
+    x_stride = TK.dynamic("x_stride")
+    out_stride = TK.dynamic("out_stride")
+    K = XK * 2 if spec.in_fmt == "e2m1" else XK
+    num_sf_cols = T.ceildiv(K, npc)
+
+    bk_in = 1 if qin is None else qin.block_k
+
+    def input_scale(s_in, k0, i, col):
+        return s_in[i, (k0 + col) // bk_in - k0 // bk_in]
+
+    def value(x, s_in, k0, i, col):
+        v = decode_element(spec.in_fmt, x, i, col)
+        return v if qin is None else v * input_scale(s_in, k0, i, col)
+
+    def abs_value(x, s_in, k0, i, col):
+        # Columns past the hidden size (a partial last tile or group) hold no data.
+        return T.Select(k0 + col < K, F.abs_bits(value(x, s_in, k0, i, col)), F.u32(0))
+
+    def scaled(x, s_in, sf_inv, k0, i, col):
+        if qin is not None and not qin.dequant_first:
+            return decode_element(spec.in_fmt, x, i, col) * (input_scale(s_in, k0, i, col) * sf_inv[i, col // npc])
+        return value(x, s_in, k0, i, col) * sf_inv[i, col // npc]
+
+    @T.macro
+    def body(X, XSF, OUT, SF, xsf_sm, xsf_sk, sf_sm, sf_sk):
+        with sh.persistent_kernel() as worker:
+            for tm, tk in sh.tiles([T.ceildiv(M, BM), T.ceildiv(K, BK)], worker, group_size=T.ceildiv(K, BK)):
+                row0 = tm * BM
+                k0 = tk * BK
+                x = sh.tile((BM, in_cols), in_dtype)
+                s_in = sh.tile((BM, qin_cols), "float32")
+                amax = sh.tile((BM, groups), "uint32")
+                sf_val = sh.tile((BM, groups), sf_dtype)
+                sf_inv = sh.tile((BM, groups), "float32")
+                q = sh.tile((BM, out_cols), "uint8")
+                sh.buffer_versions({x: 2, q: 2})
+                sh.copy(X[row0, _phys(spec.in_fmt, k0)], x)
+                with sh.vector(SIMT):
+                    if qin is not None:
+                        for i, c in T.Parallel(BM, qin_cols):
+                            s_in[i, c] = load_scale(
+                                qin.sf_layout, XSF,
+                                T.min(row0 + i, M - 1) // qin.block_m,
+                                T.min(k0 // bk_in + c, T.max(K - 1, 0) // bk_in), xsf_sm, xsf_sk)
+                    if computes_sf:
+                        segment_reduce(amax, BM, groups, npc, lambda i, col: abs_value(x, s_in, k0, i, col),
+                                       "max", F.u32(0))
+                        for i, g in T.Parallel(BM, groups):
+                            store_scale(spec.rule, amax[i, g], sf_val, sf_inv, i, g)
+                    else:
+                        for i, g in T.Parallel(BM, groups):
+                            sf_inv[i, g] = T.float32(1.0) / load_scale(
+                                spec.sf_layout, SF, T.min(row0 + i, M - 1), k0 // npc + g, sf_sm, sf_sk)
+                    if writes_data:
+                        if spec.stochastic:
+                            for i, qd in T.Parallel(BM, BK // 4):
+                                encode_stochastic_quad(
+                                    fmt, scaled(x, s_in, sf_inv, k0, i, 4 * qd), scaled(x, s_in, sf_inv, k0, i, 4 * qd + 1),
+                                    scaled(x, s_in, sf_inv, k0, i, 4 * qd + 2), scaled(x, s_in, sf_inv, k0, i, 4 * qd + 3),
+                                    T.Cast("uint32", k0 // 4 + qd), q, i, 4 * qd)
+                        elif fmt == "e4m3":
+                            for i, j in T.Parallel(BM, BK):
+                                q[i, j] = encode(fmt, scaled(x, s_in, sf_inv, k0, i, j))
+                        else:
+                            for i, jb in T.Parallel(BM, BK // 2):
+                                q[i, jb] = F.e2m1_pack(encode(fmt, scaled(x, s_in, sf_inv, k0, i, 2 * jb)),
+                                                       encode(fmt, scaled(x, s_in, sf_inv, k0, i, 2 * jb + 1)))
+                    if computes_sf:
+                        for i, g in T.Parallel(BM, groups):
+                            if row0 + i < M and k0 // npc + g < num_sf_cols:
+                                SF[sf_address(row0 + i, k0 // npc + g, sf_sm, sf_sk, spec.sf_layout)] = sf_val[i, g]
+                if writes_data:
+                    sh.copy(q, OUT[row0, _phys(fmt, k0)])
+
+    if writes_data:
+        @TK.prim_func
+        def per_token_cast_kernel(
+            X: TK.StridedTensor((M, XK), (x_stride, 1), in_dtype),
+            XSF: TK.Tensor((XSF_LEN,), qin_dtype),
+            OUT: TK.StridedTensor((M, OK), (out_stride, 1), "uint8"),
+            SF: TK.Tensor((SF_LEN,), sf_dtype),
+            x_stride: TK.int32, out_stride: TK.int32,
+            xsf_sm: TK.int32, xsf_sk: TK.int32, sf_sm: TK.int32, sf_sk: TK.int32,
+        ):
+            body(X, XSF, OUT, SF, xsf_sm, xsf_sk, sf_sm, sf_sk)
+    else:
+        @TK.prim_func
+        def per_token_cast_kernel(
+            X: TK.StridedTensor((M, XK), (x_stride, 1), in_dtype),
+            XSF: TK.Tensor((XSF_LEN,), qin_dtype),
+            SF: TK.Tensor((SF_LEN,), sf_dtype),
+            x_stride: TK.int32,
+            xsf_sm: TK.int32, xsf_sk: TK.int32, sf_sm: TK.int32, sf_sk: TK.int32,
+        ):
+            body(X, XSF, None, SF, xsf_sm, xsf_sk, sf_sm, sf_sk)
+
+    return per_token_cast_kernel
+
+
+def _kernel_config(spec: PerTokenCastSpec) -> dict:
+    # Every tile is touched inside SIMT regions and the output is 8-bit.
+    return {"simt_8bit": True}
+
+
+def per_token_cast_source(spec: PerTokenCastSpec, target: str) -> str:
+    """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
+    return lower(build_per_token_cast(spec, target), target, **_kernel_config(spec))
+
+
+def _compiled(spec: PerTokenCastSpec, target: str):
+    return kernel_cache.get(("per_token_cast", spec, target),
+                            lambda: compile_kernel(build_per_token_cast(spec, target), target,
+                                                   **_kernel_config(spec)))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The integer bit view a kernel takes for a narrow float (bf16, fp8, packed FP4)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16)
+    if t.dtype in (torch.float8_e4m3fn, torch.int8):
+        return t.view(torch.uint8)
+    return t
+
+
+def launch(call, target: str) -> None:
+    """Run a validated call (``vmi_quant.per_token_cast.PerTokenCastCall``) on ``target``."""
+    spec, inp = call.spec, call.inp
+    num_tokens = inp.num_tokens
+    if num_tokens == 0:
+        return
+    kernel = _compiled(spec, target)
+    x = _bits(inp.data)
+    out = None if call.out is None else _bits(call.out)
+    qin = spec.quant_input
+    # Rows of one input-SF block (or packed word along tokens) stay in one range.
+    align = 1
+    if qin is not None:
+        align = qin.block_m * (qin.sf_layout.pack if qin.sf_layout.pack_along_m else 1)
+    dummy = torch.zeros(1, dtype=torch.float32, device=x.device)
+
+    def run(start: int, stop: int) -> None:
+        if qin is None:
+            xsf, xsf_sm, xsf_sk = dummy, 0, 0
+        else:
+            xsf, xsf_sm, xsf_sk = qin.sf_layout.kernel_view(inp.sf[start // align:])
+        sf, sf_sm, sf_sk = spec.sf_layout.kernel_view(call.sf[start:stop])
+        rows = x[start:stop]
+        if out is None:
+            kernel(rows, xsf, sf, x.stride(0), xsf_sm, xsf_sk, sf_sm, sf_sk)
+        else:
+            kernel(rows, xsf, out[start:stop], sf, x.stride(0), out.stride(0), xsf_sm, xsf_sk, sf_sm, sf_sk)
+
+    if target == "cpu":
+        run_rows(run, num_tokens, align=max(align, BLOCK_M), min_rows=4 * BLOCK_M)
+    else:
+        run(0, num_tokens)
+
+
+def per_token_cast_parallel(x, fmt: str, num_per_channels: int, x_block_size=None,
+                            use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False,
+                            use_e4m3_sf=False, stochastic_cast=False, out=None, *, target: str | None = None,
+                            flavor: str | None = None):
+    """``per_token_cast`` that always runs the parallel kernel (same arguments)."""
+    # The dispatch module imports this one; by call time both are loaded.
+    from . import per_token_cast as dispatch
+
+    out_x, out_sf = dispatch.split_out(out)
+    return dispatch._run("cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                         use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_x, out_sf, target, flavor,
+                         kernel_only=True)
