@@ -46,10 +46,11 @@ class PerTokenCastCall:
 def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
              use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor):
     check_fmt(fmt)
-    device = (x[0] if isinstance(x, tuple) else x).device if isinstance(x, (tuple, torch.Tensor)) else None
-    if device is None:
+    lead = x[0] if isinstance(x, tuple) and x else x
+    if not isinstance(lead, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor or a (data, sf) tuple, got {type(x).__name__}")
-    target = resolve_target(x[0] if isinstance(x, tuple) else x, target)
+    device = lead.device
+    target = resolve_target(lead, target)
     flavor = resolve_flavor(target, flavor)
     inp = decode_input(x, x_block_size, flavor)
     check_sf_options(round_sf, use_packed_ue8m0, use_e4m3_sf)
@@ -98,11 +99,18 @@ def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
     quant_input = None
     if inp.sf is not None:
         quant_input = parallel.QuantInput(inp.sf_layout, *inp.block_size, dequant_first=flavor.dequant_before_scale)
-    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, use_e4m3_sf), round_sf=round_sf, e4m3_sf=use_e4m3_sf,
-                     stored=layout.kind)
-    spec = parallel.PerTokenCastSpec(inp.fmt, fmt, num_per_channels, mode, rule, layout, stochastic_cast,
-                                     quant_input)
+    spec = make_spec(inp.fmt, fmt, num_per_channels, mode, layout, round_sf, use_e4m3_sf, stochastic_cast,
+                     quant_input)
     return target, PerTokenCastCall(spec, inp, flavor, out, sf)
+
+
+def make_spec(in_fmt: str, fmt: str, num_per_channels: int, mode: str, sf_layout: SFLayout, round_sf: bool,
+              use_e4m3_sf: bool, stochastic_cast: bool, quant_input=None) -> parallel.PerTokenCastSpec:
+    """The kernel specialisation of validated arguments (the amax clamp is read now)."""
+    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, use_e4m3_sf), round_sf=round_sf, e4m3_sf=use_e4m3_sf,
+                     stored=sf_layout.kind)
+    return parallel.PerTokenCastSpec(in_fmt, fmt, num_per_channels, mode, rule, sf_layout, stochastic_cast,
+                                     quant_input)
 
 
 def _reference(call: PerTokenCastCall, x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,

@@ -8,7 +8,8 @@ uint8 bytes holding two codes (element ``2j`` in the low nibble).
 
 Every intermediate that is used more than once lives in a ``T.alloc_var`` scalar:
 TileLang inlines let bindings, and nested macros would otherwise repeat their
-arguments' expressions at every use.
+arguments' expressions at every use. Unsigned comparisons are written ``a > c - 1``:
+TVM's simplifier turns ``a >= c`` on uint32 into a division ``1 <= a / c``.
 
 The torch twins of these macros live in ``vmi_core.formats``; tests hold the
 two against each other and against torch's own casts.
@@ -127,8 +128,8 @@ def f32_to_e4m3(x):
     # Subnormal E4M3 codes count units of 2^-9 = 2^(141 - 150).
     code = T.Select(
         a > u32(_F32_INF), u32(0x7F),
-        T.Select(a >= u32(_E4M3_MAX_BITS), u32(0x7E),
-                 T.Select(a >= u32(_E4M3_MIN_NORMAL_BITS), normal, _subnormal_units(a, 141))))
+        T.Select(a > u32(_E4M3_MAX_BITS - 1), u32(0x7E),
+                 T.Select(a > u32(_E4M3_MIN_NORMAL_BITS - 1), normal, _subnormal_units(a, 141))))
     return T.Cast("uint8", code | ((b >> u32(24)) & u32(0x80)))
 
 
@@ -154,8 +155,8 @@ def f32_to_e2m1(x):
     a = b & u32(_F32_ABS)
     normal = T.min(((a + u32(0x1FFFFF) + ((a >> u32(22)) & u32(1))) >> u32(22)) - u32(126 << 1), u32(7))
     # Subnormal E2M1 codes count units of 2^-1 = 2^(149 - 150).
-    code = T.Select(a >= u32(_F32_INF), u32(7),
-                    T.Select(a >= u32(_E2M1_ONE_BITS), normal, _subnormal_units(a, 149)))
+    code = T.Select(a > u32(_F32_INF - 1), u32(7),
+                    T.Select(a > u32(_E2M1_ONE_BITS - 1), normal, _subnormal_units(a, 149)))
     return code | ((b >> u32(28)) & u32(0x8))
 
 

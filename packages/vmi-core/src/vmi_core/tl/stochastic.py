@@ -49,12 +49,12 @@ def sr_random16(h, p: int):
 def stochastic_round(x, r16, fmt: str):
     """``x`` (fp32) rounded stochastically onto ``fmt``'s grid, as fp32; encode it with RNE after."""
     man_bits, min_exp, max_bits = SR_FORMATS[fmt]
-    return _stochastic_round(x, r16, u32(23 - man_bits), u32(min_exp + 127), u32(max_bits or 0x7F800000),
+    return _stochastic_round(x, r16, u32(23 - man_bits), u32(min_exp + 127), u32((max_bits or 0x7F800000) - 1),
                              u32(0x3F800000 + ((min_exp - man_bits) << 23)))
 
 
 @T.macro
-def _stochastic_round(x, r16, normal_dropped, min_biased_exp, keep_from_bits, smallest_bits):
+def _stochastic_round(x, r16, normal_dropped, min_biased_exp, keep_above_bits, smallest_bits):
     b = T.alloc_var("uint32")
     a = T.alloc_var("uint32")
     exp = T.alloc_var("uint32")
@@ -65,10 +65,12 @@ def _stochastic_round(x, r16, normal_dropped, min_biased_exp, keep_from_bits, sm
     a = b & u32(0x7FFFFFFF)
     exp = a >> u32(23)
     sig = T.Select(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000))
-    dropped = normal_dropped + T.Select(T.max(exp, u32(1)) < min_biased_exp, min_biased_exp - T.max(exp, u32(1)),
-                                        u32(0))
+    # Small counts compare as int32: TVM rewrites uint32 ``x < c`` into ``x / c < 1``.
+    dropped = normal_dropped + T.Select(T.Cast("int32", T.max(exp, u32(1))) < T.Cast("int32", min_biased_exp),
+                                        min_biased_exp - T.max(exp, u32(1)), u32(0))
     mask = (u32(1) << T.min(dropped, u32(31))) - u32(1)
-    up = T.Cast("uint32", r16 < T.Select(dropped >= u32(40), u32(0), (sig & mask) >> (dropped - u32(16))))
-    mag = T.Select(dropped <= u32(23), (a & ~mask) + (up << T.min(dropped, u32(23))), up * smallest_bits)
+    up = T.Cast("uint32", r16 < T.Select(dropped > u32(39), u32(0), (sig & mask) >> (dropped - u32(16))))
+    mag = T.Select(T.Cast("int32", dropped) < 24, (a & ~mask) + (up << T.min(dropped, u32(23))),
+                   up * smallest_bits)
     # Saturated, infinite and NaN inputs pass through: the RNE encoders saturate them.
-    return T.reinterpret(T.Select(a >= keep_from_bits, b, (b & u32(0x80000000)) | mag), "float32")
+    return T.reinterpret(T.Select(a > keep_above_bits, b, (b & u32(0x80000000)) | mag), "float32")

@@ -1,0 +1,150 @@
+"""The ``vmi`` command: list, run, benchmark and show the source of vmi's ops.
+
+    vmi list
+    vmi run OP [--shape 4096x7168] [--target cpu] [--flavor ascend] [-o name=value ...]
+    vmi bench OP [--shape ...] [--repeat N] [-o name=value ...]
+    vmi source OP --target ascend|cuda|cpu [-o name=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from .registry import OpInfo, discover
+from .targets import FLAVORS, TARGETS
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must look like 4096x7168, got {text!r}") from None
+
+
+def _timed(fn, repeat: int) -> tuple[object, float]:
+    """The result of ``fn()`` and its median wall time in seconds over ``repeat`` runs after one warm-up."""
+    result = fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return result, statistics.median(times)
+
+
+def _op(ops: dict[str, OpInfo], name: str) -> OpInfo:
+    if name not in ops:
+        raise SystemExit(f"vmi: unknown op {name!r}; installed ops: {', '.join(sorted(ops)) or 'none'}")
+    return ops[name]
+
+
+def cmd_list(ops: dict[str, OpInfo], args) -> int:
+    unique = sorted({op.name: op for op in ops.values()}.values(), key=lambda op: (op.family, op.name))
+    if not unique:
+        print("no ops installed (install vmi-quant, vmi-mhc or vmi-moe)")
+        return 0
+    width = max(len(op.name) for op in unique)
+    for op in unique:
+        print(f"{op.name:<{width}}  [{op.family}] {op.summary}")
+        for target in TARGETS:
+            print(f"{'':<{width}}    {target:<6} {op.targets.get(target, 'not available')}")
+    return 0
+
+
+def cmd_run(ops, args) -> int:
+    op = _op(ops, args.op)
+    options = op.parse_options(args.opt)
+    shape = args.shape or op.default_shape
+    inputs = op.make_inputs(shape, options, args.seed)
+    target = args.target
+    if target != "cpu":
+        print(f"note: target {target!r} needs its device; the inputs are moved there")
+    start = time.perf_counter()
+    outputs = op.run(inputs, options, target, args.flavor)
+    first = time.perf_counter() - start
+    _, kernel_s = _timed(lambda: op.run(inputs, options, target, args.flavor), args.repeat)
+    expected, ref_s = _timed(lambda: op.reference(inputs, options, args.flavor), args.repeat)
+    mismatches = op.check(outputs, expected)
+    shown = ", ".join(f"{k}={v}" for k, v in options.items())
+    print(f"{op.name} shape={'x'.join(map(str, shape))} target={target} flavor={args.flavor} {shown}")
+    print(f"  first call (includes compile or cache load): {first * 1e3:.1f} ms")
+    print(f"  kernel {kernel_s * 1e3:.3f} ms, torch reference {ref_s * 1e3:.3f} ms, "
+          f"speed-up x{ref_s / kernel_s:.2f}")
+    if mismatches:
+        print("  MISMATCH against the reference:")
+        print("\n".join(mismatches))
+        return 1
+    print("  matches the reference bit for bit")
+    return 0
+
+
+def cmd_bench(ops, args) -> int:
+    op = _op(ops, args.op)
+    options = op.parse_options(args.opt)
+    shapes = [args.shape] if args.shape else list(op.bench_shapes)
+    print(f"{op.name} on cpu vs its torch reference ({torch.get_num_threads()} torch threads), "
+          f"options: {', '.join(f'{k}={v}' for k, v in options.items())}")
+    print(f"{'shape':>14} {'kernel GB/s':>12} {'torch GB/s':>11} {'ratio':>7}")
+    for shape in shapes:
+        inputs = op.make_inputs(shape, options, args.seed)
+        outputs, kernel_s = _timed(lambda: op.run(inputs, options, "cpu", args.flavor), args.repeat)
+        expected, ref_s = _timed(lambda: op.reference(inputs, options, args.flavor), args.repeat)
+        status = "" if not op.check(outputs, expected) else "  (MISMATCH)"
+        nbytes = op.nbytes(inputs, outputs)
+        print(f"{'x'.join(map(str, shape)):>14} {nbytes / kernel_s / 1e9:>12.3f} {nbytes / ref_s / 1e9:>11.3f} "
+              f"{ref_s / kernel_s:>7.2f}{status}")
+    return 0
+
+
+def cmd_source(ops, args) -> int:
+    op = _op(ops, args.op)
+    options = op.parse_options(args.opt)
+    print(op.source(options, args.target, args.flavor))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vmi", description="vmi kernel library: list, run, bench, source")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="ops and their status per target")
+
+    def op_parser(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("op")
+        p.add_argument("-o", "--opt", action="append", default=[], metavar="NAME=VALUE",
+                       help="an op option, e.g. -o fmt=e2m1 -o num_per_channels=16")
+        p.add_argument("--flavor", choices=FLAVORS, default="ascend",
+                       help="bit conventions (cpu runs either; ascend/cuda use their own)")
+        p.add_argument("--seed", type=int, default=0)
+        return p
+
+    run = op_parser("run", "run an op, check it against the reference, time both")
+    run.add_argument("--shape", type=_shape)
+    run.add_argument("--target", choices=TARGETS, default="cpu")
+    run.add_argument("--repeat", type=int, default=5)
+    bench = op_parser("bench", "throughput of the cpu kernel and the torch reference")
+    bench.add_argument("--shape", type=_shape)
+    bench.add_argument("--repeat", type=int, default=10)
+    source = op_parser("source", "print the generated kernel source")
+    source.add_argument("--target", choices=TARGETS, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    ops = discover()
+    handlers = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "source": cmd_source}
+    try:
+        return handlers[args.command](ops, args)
+    except (ValueError, TypeError) as error:
+        print(f"vmi: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

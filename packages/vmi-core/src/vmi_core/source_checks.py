@@ -1,0 +1,211 @@
+"""Assertions on generated kernel source, for every op's lowering tests.
+
+Ascend: TileLang 0.1.15 emits AscendC with one function per vector region,
+``__simd_vf__ inline void NAME(...) {...}`` (called directly) or
+``__simt_vf__ __launch_bounds__(T) inline void NAME(...) {...}`` (launched with
+``asc_vf_call<NAME>(...)``). The presence of ``__simd_vf__`` proves nothing: a
+``T.Parallel`` body that the SIMD pass skips is emitted as scalar loops inside the
+SIMD function without any error (toolchain guide 3.4). A real SIMD region issues
+``simd_inst::`` vector ops and touches UB memory only through them.
+
+CUDA: ``nvcc_compile`` compiles generated source to an object file with the
+include paths TileLang's own build uses; it needs ``nvcc`` but no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SIMD = "simd"
+SIMT = "simt"
+
+_QUALIFIER = {"__simd_vf__": SIMD, "__simt_vf__": SIMT}
+# A region function's header up to the opening parenthesis of its parameter list: the qualifier,
+# then attributes (``__launch_bounds__(128)``, ``inline``, ...) without braces or semicolons.
+_HEADER = re.compile(r"\b(__simd_vf__|__simt_vf__)\b((?:[^;{}()]|\([^()]*\))*?)\bvoid\s+(\w+)\s*\(")
+_VECTOR_OP = "simd_inst::"
+_GM_TO_UB = "asc_copy_gm2ub_align("
+_UB_TO_GM = "asc_copy_ub2gm_align("
+
+
+@dataclass(frozen=True)
+class Region:
+    """One vector region of an AscendC kernel.
+
+    ``vector_ops``: ``simd_inst::`` occurrences in the body; ``scalar_accesses``: body lines
+    that index memory with ``[`` outside any ``simd_inst::`` call (scalar loads and stores).
+    """
+
+    name: str
+    kind: str
+    vector_ops: int
+    scalar_accesses: int
+
+
+def _skip_literal_or_comment(src: str, i: int) -> int:
+    """If ``src[i]`` starts a string/char literal or a comment, the index just past it; else ``i``."""
+    c = src[i]
+    if c in "\"'":
+        j = i + 1
+        while j < len(src) and src[j] != c:
+            j += 2 if src[j] == "\\" else 1
+        return j + 1
+    if src.startswith("//", i):
+        j = src.find("\n", i)
+        return len(src) if j < 0 else j
+    if src.startswith("/*", i):
+        j = src.find("*/", i + 2)
+        return len(src) if j < 0 else j + 2
+    return i
+
+
+def _matching(src: str, start: int, open_char: str, close_char: str) -> int:
+    """Index of the bracket closing the one at ``src[start]`` (literals and comments skipped)."""
+    depth = 0
+    i = start
+    while i < len(src):
+        skipped = _skip_literal_or_comment(src, i)
+        if skipped != i:
+            i = skipped
+            continue
+        if src[i] == open_char:
+            depth += 1
+        elif src[i] == close_char:
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise ValueError(f"unbalanced {open_char!r} at offset {start}")
+
+
+def _next_code_char(src: str, i: int) -> int:
+    """Index of the next character that is neither whitespace nor inside a comment."""
+    while i < len(src):
+        if src[i].isspace():
+            i += 1
+            continue
+        skipped = _skip_literal_or_comment(src, i) if src.startswith(("//", "/*"), i) else i
+        if skipped == i:
+            return i
+        i = skipped
+    return i
+
+
+def _regions_with_spans(src: str) -> list[tuple[Region, int, int]]:
+    """Every region function defined in ``src`` with the span of its definition."""
+    out = []
+    pos = 0
+    while True:
+        m = _HEADER.search(src, pos)
+        if m is None:
+            return out
+        close_params = _matching(src, m.end() - 1, "(", ")")
+        body_open = _next_code_char(src, close_params + 1)
+        if body_open >= len(src) or src[body_open] != "{":  # a declaration, not a definition
+            pos = close_params + 1
+            continue
+        body_close = _matching(src, body_open, "{", "}")
+        lines = src[body_open + 1:body_close].splitlines()
+        vector_ops = sum(line.count(_VECTOR_OP) for line in lines)
+        scalar = sum(1 for line in lines if "[" in line and _VECTOR_OP not in line)
+        out.append((Region(m.group(3), _QUALIFIER[m.group(1)], vector_ops, scalar), m.start(), body_close + 1))
+        pos = body_close + 1
+
+
+def region_report(src: str) -> list[Region]:
+    """The SIMD and SIMT regions of AscendC source, in order of definition."""
+    return [region for region, _, _ in _regions_with_spans(src)]
+
+
+def _format_report(regions: list[Region]) -> str:
+    if not regions:
+        return "  (no __simd_vf__/__simt_vf__ functions)"
+    return "\n".join(f"  {r.kind} {r.name}: {r.vector_ops} vector ops, {r.scalar_accesses} scalar accesses"
+                     for r in regions)
+
+
+def assert_vector_regions(src: str, *, simd: int | None = None, simt: int | None = None) -> list[Region]:
+    """Assert that AscendC ``src`` computes in real vector regions; returns the report.
+
+    * every SIMD region issues vector ops and no scalar memory accesses;
+    * every SIMD region is called and every SIMT region launched (``asc_vf_call<NAME>``);
+    * ``simd`` / ``simt``, when given, are the exact numbers of regions of each kind;
+    * without counts, the source must contain at least one region.
+    """
+    spans = _regions_with_spans(src)
+    regions = [region for region, _, _ in spans]
+    problems = []
+    counts = {SIMD: sum(r.kind == SIMD for r in regions), SIMT: sum(r.kind == SIMT for r in regions)}
+    for kind, expected in ((SIMD, simd), (SIMT, simt)):
+        if expected is not None and counts[kind] != expected:
+            problems.append(f"expected {expected} {kind} region(s), found {counts[kind]}")
+    if simd is None and simt is None and not regions:
+        problems.append("no vector region found")
+    outside = src
+    for _, start, stop in reversed(spans):
+        outside = outside[:start] + outside[stop:]
+    for r in regions:
+        if r.kind == SIMD:
+            if r.vector_ops == 0 or r.scalar_accesses:
+                problems.append(f"SIMD region {r.name} is scalar code ({r.vector_ops} vector ops, "
+                                f"{r.scalar_accesses} scalar accesses)")
+            if not re.search(rf"\b{re.escape(r.name)}\s*\(", outside):
+                problems.append(f"SIMD region {r.name} is never called")
+        elif not re.search(rf"\basc_vf_call\s*<\s*{re.escape(r.name)}\s*>", outside):
+            problems.append(f"SIMT region {r.name} is never launched with asc_vf_call<{r.name}>")
+    if problems:
+        raise AssertionError("vector regions: " + "; ".join(problems) + "\n" + _format_report(regions))
+    return regions
+
+
+def dma_counts(src: str) -> tuple[int, int]:
+    """``(gm_to_ub, ub_to_gm)``: the DMA calls (``asc_copy_gm2ub_align`` / ``asc_copy_ub2gm_align``)."""
+    return src.count(_GM_TO_UB), src.count(_UB_TO_GM)
+
+
+# --- CUDA ---------------------------------------------------------------------------------------
+
+def nvcc_path() -> str | None:
+    """The ``nvcc`` on ``PATH``, else ``$CUDA_HOME/bin/nvcc`` if it exists, else None."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and (Path(home) / "bin" / "nvcc").is_file():
+        return str(Path(home) / "bin" / "nvcc")
+    return None
+
+
+def _arch_number(arch: str) -> str:
+    number = arch
+    for prefix in ("sm_", "compute_"):
+        number = number.removeprefix(prefix)
+    if not re.fullmatch(r"\d+[a-z]?", number):
+        raise ValueError(f"CUDA arch must look like 'sm_90a', got {arch!r}")
+    return number
+
+
+def nvcc_compile(src: str, arch: str = "sm_90a", timeout: float = 600.0) -> None:
+    """Compile CUDA ``src`` to an object file for ``arch``; AssertionError with nvcc's output on failure."""
+    import tilelang
+
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found (neither on PATH nor in $CUDA_HOME/bin)")
+    number = _arch_number(arch)
+    includes = [path for path in (tilelang.env.TILELANG_TEMPLATE_PATH, tilelang.env.CUTLASS_INCLUDE_DIR) if path]
+    with tempfile.TemporaryDirectory(prefix="vmi-nvcc-") as tmp:
+        cu = Path(tmp) / "k.cu"
+        cu.write_text(src)
+        cmd = [nvcc, "-std=c++17", "-w", "-c", str(cu), "-o", str(Path(tmp) / "k.o"),
+               "-gencode", f"arch=compute_{number},code=sm_{number}", *(f"-I{path}" for path in includes)]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        tail = (result.stderr or result.stdout)[-4000:]
+        raise AssertionError(f"nvcc failed (exit {result.returncode}) for arch {arch}:\n{tail}")
