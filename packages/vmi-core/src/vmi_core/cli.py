@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = op_parser("run", "run an op, check it against the reference, time both")
     run.add_argument("--shape", type=_shape)
     run.add_argument("--target", choices=TARGETS, default="cpu")
-    run.add_argument("--repeat", type=int, default=5)
+    run.add_argument("--repeat", type=int, default=3)
     bench = op_parser("bench", "throughput of the cpu kernel and the torch reference")
     bench.add_argument("--shape", type=_shape)
     bench.add_argument("--repeat", type=int, default=10)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tilelang.language as T
+
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
 from vmi_core.tl.stochastic import sr_mix, sr_random16, stochastic_round

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from vmi_core.registry import OpInfo, Option
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import get_flavor
@@ -75,7 +76,7 @@ OPS = [
         name="per_token_cast",
         family="quant",
         summary="per-token FP8 (E4M3) / FP4 (E2M1) quantization with per-group scaling factors",
-        default_shape=(4096, 7168),
+        default_shape=(1024, 4096),
         bench_shapes=((4096, 7168), (1024, 4096), (128, 7168)),
         options=PER_TOKEN_CAST_OPTIONS,
         targets={

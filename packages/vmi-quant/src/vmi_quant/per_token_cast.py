@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
@@ -133,7 +134,7 @@ def _reference(call: PerTokenCastCall, x, use_tma_aligned_col_major_sf, round_sf
     return call.out, call.sf
 
 
-def _run(mode, x, fmt, num_per_channels, x_block_size=None, use_tma_aligned_col_major_sf=False,
+def run_per_token_cast(mode, x, fmt, num_per_channels, x_block_size=None, use_tma_aligned_col_major_sf=False,
          round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, stochastic_cast=False, out=None, sf=None,
          target=None, flavor=None, kernel_only=False):
     target, call = _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
@@ -173,7 +174,7 @@ def per_token_cast(x, fmt: str, num_per_channels: int, x_block_size=None, use_tm
     column-major.
     """
     out_x, out_sf = split_out(out)
-    return _run("cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+    return run_per_token_cast("cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                 use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_x, out_sf, target, flavor)
 
 
@@ -181,7 +182,7 @@ def per_token_cast_with_sf_only(x, fmt: str, num_per_channels: int, use_tma_alig
                                 round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, out_sf=None,
                                 *, target: str | None = None, flavor: str | None = None):
     """Only the SF ``per_token_cast`` would return (no data is written)."""
-    return _run("sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
+    return run_per_token_cast("sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
                 use_packed_ue8m0, use_e4m3_sf, False, None, out_sf, target, flavor)
 
 
@@ -191,5 +192,5 @@ def per_token_cast_with_precomputed_sf(x, fmt: str, num_per_channels: int, sf, u
     """Quantize with a given row-major fp32 (or E4M3) ``sf``: ``q = cast(x * (1 / sf))``; returns data."""
     if out is not None:
         check_matrix(out, "out")
-    return _run("cast_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
+    return run_per_token_cast("cast_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
                 use_packed_ue8m0, use_e4m3_sf, False, out, sf, target, flavor)

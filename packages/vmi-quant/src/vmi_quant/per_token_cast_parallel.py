@@ -22,8 +22,9 @@ of ``T.Parallel`` accepts.
 
 from dataclasses import dataclass
 
-import torch
 import tilelang.language as T
+import torch
+
 from vmi_core.compile import compile_kernel, kernel_cache, lower
 from vmi_core.cpu_parallel import run_rows
 from vmi_core.sf_layout import SFLayout, sf_address
@@ -118,8 +119,52 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
 
     def scaled(x, s_in, sf_inv, k0, i, col):
         if qin is not None and not qin.dequant_first:
-            return decode_element(spec.in_fmt, x, i, col) * (input_scale(s_in, k0, i, col) * sf_inv[i, col // npc])
+            s = input_scale(s_in, k0, i, col) * sf_inv[i, col // npc]
+            return decode_element(spec.in_fmt, x, i, col) * s
         return value(x, s_in, k0, i, col) * sf_inv[i, col // npc]
+
+    @T.macro
+    def load_input_scales(XSF, s_in, row0, k0, xsf_sm, xsf_sk):
+        """Decode the input-SF blocks the tile touches (rows and columns clamped into range)."""
+        for i, c in T.Parallel(BM, qin_cols):
+            s_in[i, c] = load_scale(qin.sf_layout, XSF, T.min(row0 + i, M - 1) // qin.block_m,
+                                    T.min(k0 // bk_in + c, T.max(K - 1, 0) // bk_in), xsf_sm, xsf_sk)
+
+    @T.macro
+    def compute_scales(x, s_in, k0, amax, sf_val, sf_inv):
+        segment_reduce(amax, BM, groups, npc, lambda i, col: abs_value(x, s_in, k0, i, col), "max", F.u32(0))
+        for i, g in T.Parallel(BM, groups):
+            store_scale(spec.rule, amax[i, g], sf_val, sf_inv, i, g)
+
+    @T.macro
+    def read_scales(SF, sf_inv, row0, k0, sf_sm, sf_sk):
+        for i, g in T.Parallel(BM, groups):
+            sf_inv[i, g] = T.float32(1.0) / load_scale(spec.sf_layout, SF, T.min(row0 + i, M - 1), k0 // npc + g,
+                                                        sf_sm, sf_sk)
+
+    @T.macro
+    def quantize(x, s_in, sf_inv, k0, q):
+        if spec.stochastic:
+            for i, qd in T.Parallel(BM, BK // 4):
+                encode_stochastic_quad(fmt, scaled(x, s_in, sf_inv, k0, i, 4 * qd),
+                                       scaled(x, s_in, sf_inv, k0, i, 4 * qd + 1),
+                                       scaled(x, s_in, sf_inv, k0, i, 4 * qd + 2),
+                                       scaled(x, s_in, sf_inv, k0, i, 4 * qd + 3),
+                                       T.Cast("uint32", k0 // 4 + qd), q, i, 4 * qd)
+        elif fmt == "e4m3":
+            for i, j in T.Parallel(BM, BK):
+                q[i, j] = encode(fmt, scaled(x, s_in, sf_inv, k0, i, j))
+        else:
+            for i, jb in T.Parallel(BM, BK // 2):
+                q[i, jb] = F.e2m1_pack(encode(fmt, scaled(x, s_in, sf_inv, k0, i, 2 * jb)),
+                                       encode(fmt, scaled(x, s_in, sf_inv, k0, i, 2 * jb + 1)))
+
+    @T.macro
+    def scatter_scales(SF, sf_val, row0, k0, sf_sm, sf_sk):
+        """Write the tile's SF into any layout; only existing blocks are touched."""
+        for i, g in T.Parallel(BM, groups):
+            if row0 + i < M and k0 // npc + g < num_sf_cols:
+                SF[sf_address(row0 + i, k0 // npc + g, sf_sm, sf_sk, spec.sf_layout)] = sf_val[i, g]
 
     @T.macro
     def body(X, XSF, OUT, SF, xsf_sm, xsf_sk, sf_sm, sf_sk):
@@ -137,38 +182,15 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
                 sh.copy(X[row0, _phys(spec.in_fmt, k0)], x)
                 with sh.vector(SIMT):
                     if qin is not None:
-                        for i, c in T.Parallel(BM, qin_cols):
-                            s_in[i, c] = load_scale(
-                                qin.sf_layout, XSF,
-                                T.min(row0 + i, M - 1) // qin.block_m,
-                                T.min(k0 // bk_in + c, T.max(K - 1, 0) // bk_in), xsf_sm, xsf_sk)
+                        load_input_scales(XSF, s_in, row0, k0, xsf_sm, xsf_sk)
                     if computes_sf:
-                        segment_reduce(amax, BM, groups, npc, lambda i, col: abs_value(x, s_in, k0, i, col),
-                                       "max", F.u32(0))
-                        for i, g in T.Parallel(BM, groups):
-                            store_scale(spec.rule, amax[i, g], sf_val, sf_inv, i, g)
+                        compute_scales(x, s_in, k0, amax, sf_val, sf_inv)
                     else:
-                        for i, g in T.Parallel(BM, groups):
-                            sf_inv[i, g] = T.float32(1.0) / load_scale(
-                                spec.sf_layout, SF, T.min(row0 + i, M - 1), k0 // npc + g, sf_sm, sf_sk)
+                        read_scales(SF, sf_inv, row0, k0, sf_sm, sf_sk)
                     if writes_data:
-                        if spec.stochastic:
-                            for i, qd in T.Parallel(BM, BK // 4):
-                                encode_stochastic_quad(
-                                    fmt, scaled(x, s_in, sf_inv, k0, i, 4 * qd), scaled(x, s_in, sf_inv, k0, i, 4 * qd + 1),
-                                    scaled(x, s_in, sf_inv, k0, i, 4 * qd + 2), scaled(x, s_in, sf_inv, k0, i, 4 * qd + 3),
-                                    T.Cast("uint32", k0 // 4 + qd), q, i, 4 * qd)
-                        elif fmt == "e4m3":
-                            for i, j in T.Parallel(BM, BK):
-                                q[i, j] = encode(fmt, scaled(x, s_in, sf_inv, k0, i, j))
-                        else:
-                            for i, jb in T.Parallel(BM, BK // 2):
-                                q[i, jb] = F.e2m1_pack(encode(fmt, scaled(x, s_in, sf_inv, k0, i, 2 * jb)),
-                                                       encode(fmt, scaled(x, s_in, sf_inv, k0, i, 2 * jb + 1)))
+                        quantize(x, s_in, sf_inv, k0, q)
                     if computes_sf:
-                        for i, g in T.Parallel(BM, groups):
-                            if row0 + i < M and k0 // npc + g < num_sf_cols:
-                                SF[sf_address(row0 + i, k0 // npc + g, sf_sm, sf_sk, spec.sf_layout)] = sf_val[i, g]
+                        scatter_scales(SF, sf_val, row0, k0, sf_sm, sf_sk)
                 if writes_data:
                     sh.copy(q, OUT[row0, _phys(fmt, k0)])
 
@@ -262,9 +284,9 @@ def per_token_cast_parallel(x, fmt: str, num_per_channels: int, x_block_size=Non
                             flavor: str | None = None):
     """``per_token_cast`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from . import per_token_cast as dispatch
+    from .per_token_cast import run_per_token_cast, split_out
 
-    out_x, out_sf = dispatch.split_out(out)
-    return dispatch._run("cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-                         use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_x, out_sf, target, flavor,
-                         kernel_only=True)
+    out_x, out_sf = split_out(out)
+    return run_per_token_cast("cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                              round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_x, out_sf, target,
+                              flavor, kernel_only=True)
