@@ -47,6 +47,9 @@ class PerTokenCastCall:
 def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
              use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor):
     check_fmt(fmt)
+    if mode != "cast" and isinstance(x, tuple):
+        name = "per_token_cast_with_sf_only" if mode == "sf_only" else "per_token_cast_with_precomputed_sf"
+        raise ValueError(f"{name} needs a plain bf16/fp32 x, not a quantized (data, sf) tuple")
     lead = x[0] if isinstance(x, tuple) and x else x
     if not isinstance(lead, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor or a (data, sf) tuple, got {type(x).__name__}")
@@ -73,8 +76,6 @@ def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
         if use_packed_ue8m0 or use_tma_aligned_col_major_sf:
             raise ValueError("a precomputed sf must be row-major and unpacked: pass "
                              "use_packed_ue8m0=False and use_tma_aligned_col_major_sf=False")
-        if inp.sf is not None:
-            raise ValueError("a precomputed sf needs a plain bf16/fp32 x")
         check_same_device(sf, "sf", device)
         layout = sf_layout_of(sf, flavor, num_per_channels, "sf")
         if layout.kind != ("e4m3" if use_e4m3_sf else "fp32"):
@@ -84,18 +85,14 @@ def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
     elif sf is not None:
         layout.check(sf, nbm, nbk, "out_sf")
         check_same_device(sf, "out_sf", device)
-    elif nbm:
-        sf = layout.allocate(nbm, nbk, flavor, device)
     else:
-        sf = layout.allocate(0, nbk, flavor, device)
+        sf = layout.allocate(nbm, nbk, flavor, device)
 
     if mode != "sf_only":
         if out is None:
             out = torch.empty((inp.num_tokens, physical_cols(fmt, inp.hidden)), dtype=OUT_DTYPES[fmt], device=device)
         else:
             check_out_data(out, fmt, inp.num_tokens, inp.hidden, device)
-    elif inp.sf is not None:
-        raise ValueError("per_token_cast_with_sf_only needs a plain bf16/fp32 x")
 
     quant_input = None
     if inp.sf is not None:

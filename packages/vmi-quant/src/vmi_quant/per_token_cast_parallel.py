@@ -170,6 +170,10 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
     def body(X, XSF, OUT, SF, xsf_sm, xsf_sk, sf_sm, sf_sk):
         with sh.persistent_kernel() as worker:
             for tm, tk in sh.tiles([T.ceildiv(M, BM), T.ceildiv(K, BK)], worker, group_size=T.ceildiv(K, BK)):
+                # Scalars, not let bindings: TileLang would inline the tile index math (with its
+                # divisions) into every element access.
+                row0 = T.alloc_var("int32")
+                k0 = T.alloc_var("int32")
                 row0 = tm * BM
                 k0 = tk * BK
                 x = sh.tile((BM, in_cols), in_dtype)

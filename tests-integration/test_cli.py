@@ -1,0 +1,54 @@
+"""The ``vmi`` command end to end, as a user runs it (a subprocess per call)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def vmi(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vmi_core.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_list_shows_installed_ops_per_target():
+    result = vmi("list")
+    assert result.returncode == 0, result.stderr
+    assert "per_token_cast" in result.stdout
+    for target in ("ascend", "cuda", "cpu"):
+        assert target in result.stdout
+
+
+@pytest.mark.parametrize("options", [[], ["-o", "fmt=e2m1", "-o", "round_sf=true", "-o", "use_packed_ue8m0=true"]])
+def test_run_checks_against_the_reference(options):
+    result = vmi("run", "per_token_cast", "--shape", "64x256", "--repeat", "1", *options)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "matches the reference bit for bit" in result.stdout
+    assert "speed-up" in result.stdout
+
+
+def test_bench_prints_throughput_and_ratio():
+    result = vmi("bench", "per_token_cast", "--shape", "128x512", "--repeat", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    header, row = result.stdout.strip().splitlines()[-2:]
+    assert "GB/s" in header and "ratio" in header
+    assert row.split()[0] == "128x512" and "MISMATCH" not in row
+
+
+def test_source_for_each_target():
+    ascend = vmi("source", "per_token_cast", "--target", "ascend")
+    assert ascend.returncode == 0, ascend.stderr
+    assert "__simt_vf__" in ascend.stdout and "asc_copy_gm2ub_align" in ascend.stdout
+    cuda = vmi("source", "per_token_cast", "--target", "cuda", "-o", "fmt=e2m1")
+    assert cuda.returncode == 0, cuda.stderr
+    assert "__global__" in cuda.stdout
+
+
+def test_bad_option_is_a_clear_error():
+    result = vmi("run", "per_token_cast", "-o", "num_per_channels=48")
+    assert result.returncode == 2
+    assert "num_per_channels" in result.stderr
+    unknown = vmi("run", "no_such_op")
+    assert unknown.returncode != 0 and "unknown op" in unknown.stderr
