@@ -9,19 +9,16 @@ CUDA, and the CUDA source is compiled with nvcc where it is installed.
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
-import tilelang
 import tilelang.language as T
 import torch
 import torch.nn.functional as F
 
-from vmi_core.compile import CACHE_DIR_ENV, compile_kernel, cuda_arch, lower
+from vmi_core.compile import compile_kernel, cuda_arch, lower
 from vmi_core.softplus import sqrt_softplus, sqrt_softplus_grad
+from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
 from vmi_core.tl.shell import Shell
 from vmi_core.tl.softplus import SQRT_LN2, sqrt_softplus_backward, sqrt_softplus_forward
 
@@ -61,15 +58,6 @@ def build_kernel(target: str, direction: str, flavor: str, n: int = N, block: in
             sh.copy(y, Y[bx * block])
 
     return sqrt_softplus_kernel
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_dir(tmp_path_factory):
-    """Compile into a scratch cache unless ``$VMI_CACHE_DIR`` names one."""
-    with pytest.MonkeyPatch.context() as mp:
-        if not os.environ.get(CACHE_DIR_ENV):
-            mp.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("vmi-cache")))
-        yield
 
 
 _kernels: dict = {}
@@ -311,24 +299,18 @@ CASES = [(d, f) for d in DIRECTIONS for f in FLAVORS]
 def test_lowers_for_ascend(direction, flavor):
     src = lower(build_kernel("ascend", direction, flavor), "ascend")
     assert "__simt_vf__" in src and "asc_vf_call<" in src
+    assert_vector_regions(src, simd=0, simt=1)
+    assert dma_counts(src) == (1, 1)
     for call in EXPECTED_CALLS[direction, flavor]:
         assert call in src
 
 
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("direction,flavor", CASES)
-def test_lowers_and_compiles_for_cuda(direction, flavor, tmp_path):
+def test_lowers_and_compiles_for_cuda(direction, flavor):
     src = lower(build_kernel("cuda", direction, flavor), "cuda")
     for call in EXPECTED_CALLS[direction, flavor]:
         assert call in src
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
+    if nvcc_path() is None:
         pytest.skip("nvcc not found")
-    cu = tmp_path / "sqrt_softplus.cu"
-    cu.write_text(src)
-    arch = cuda_arch().removeprefix("sm_")
-    cmd = [nvcc, "-std=c++17", "-w", "-c", str(cu), "-o", str(tmp_path / "sqrt_softplus.o"),
-           "-gencode", f"arch=compute_{arch},code=sm_{arch}", f"-I{tilelang.env.TILELANG_TEMPLATE_PATH}",
-           f"-I{tilelang.env.CUTLASS_INCLUDE_DIR}"]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
+    nvcc_compile(src, cuda_arch())

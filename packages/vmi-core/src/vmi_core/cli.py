@@ -92,8 +92,8 @@ def cmd_bench(ops, args) -> int:
     print(f"{'shape':>14} {'kernel GB/s':>12} {'torch GB/s':>11} {'ratio':>7}")
     for shape in shapes:
         inputs = op.make_inputs(shape, options, args.seed)
-        outputs, kernel_s = _timed(lambda: op.run(inputs, options, "cpu", args.flavor), args.repeat)
-        expected, ref_s = _timed(lambda: op.reference(inputs, options, args.flavor), args.repeat)
+        outputs, kernel_s = _timed(lambda inputs=inputs: op.run(inputs, options, "cpu", args.flavor), args.repeat)
+        expected, ref_s = _timed(lambda inputs=inputs: op.reference(inputs, options, args.flavor), args.repeat)
         status = "" if not op.check(outputs, expected) else "  (MISMATCH)"
         nbytes = op.nbytes(inputs, outputs)
         print(f"{'x'.join(map(str, shape)):>14} {nbytes / kernel_s / 1e9:>12.3f} {nbytes / ref_s / 1e9:>11.3f} "

@@ -25,8 +25,13 @@ def row_ranges(num_rows: int, threads: int, align: int, min_rows: int) -> list[t
     shorter than ``min_rows`` unless it is the only one."""
     chunks = max(1, min(threads, num_rows // max(min_rows, 1)))
     step = -(-num_rows // chunks)
-    step = -(-step // align) * align
-    return [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)] or [(0, 0)]
+    step = max(1, -(-step // align) * align)
+    ranges = [(start, min(start + step, num_rows)) for start in range(0, num_rows, step)] or [(0, 0)]
+    # Only the last range can fall short of min_rows (the others have step >= num_rows / chunks
+    # >= min_rows rows): merge it into the one before.
+    if len(ranges) > 1 and ranges[-1][1] - ranges[-1][0] < min_rows:
+        ranges[-2:] = [(ranges[-2][0], num_rows)]
+    return ranges
 
 
 def run_rows(run: Callable[[int, int], None], num_rows: int, *, align: int = 1, min_rows: int = 256) -> None:

@@ -113,8 +113,9 @@ class SFLayout:
         word_bytes = sf.element_size()
         unit = 1 if self.kind == "fp32" else word_bytes
         s0, s1 = sf.stride()
-        span = 1 + sum((n - 1) * s for n, s in zip(sf.shape, sf.stride())) if sf.numel() else 0
-        flat = torch.as_strided(sf, (max(span, 1),), (1,))
+        span = 1 + sum((n - 1) * s for n, s in zip(sf.shape, sf.stride(), strict=True)) if sf.numel() else 0
+        # An empty SF addresses nothing (and may have no storage): hand out a one-element dummy.
+        flat = torch.as_strided(sf, (span,), (1,)) if span else sf.new_zeros(1)
         if self.kind != "fp32":
             flat = flat.view(torch.uint8)
         return flat, s0 * unit, s1 * unit

@@ -114,7 +114,8 @@ def _regions_with_spans(src: str) -> list[tuple[Region, int, int]]:
         lines = src[body_open + 1:body_close].splitlines()
         vector_ops = sum(line.count(_VECTOR_OP) for line in lines)
         scalar = sum(1 for line in lines if "[" in line and _VECTOR_OP not in line)
-        out.append((Region(m.group(3), _QUALIFIER[m.group(1)], vector_ops, scalar), m.start(), body_close + 1))
+        region = Region(m.group(3), _QUALIFIER[m.group(1)], vector_ops, scalar)
+        out.append((region, m.start(), body_close + 1))
         pos = body_close + 1
 
 
@@ -193,13 +194,13 @@ def _arch_number(arch: str) -> str:
 
 def nvcc_compile(src: str, arch: str = "sm_90a", timeout: float = 600.0) -> None:
     """Compile CUDA ``src`` to an object file for ``arch``; AssertionError with nvcc's output on failure."""
-    import tilelang
-
+    number = _arch_number(arch)
     nvcc = nvcc_path()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found (neither on PATH nor in $CUDA_HOME/bin)")
-    number = _arch_number(arch)
-    includes = [path for path in (tilelang.env.TILELANG_TEMPLATE_PATH, tilelang.env.CUTLASS_INCLUDE_DIR) if path]
+    import tilelang
+
+    includes = [p for p in (tilelang.env.TILELANG_TEMPLATE_PATH, tilelang.env.CUTLASS_INCLUDE_DIR) if p]
     with tempfile.TemporaryDirectory(prefix="vmi-nvcc-") as tmp:
         cu = Path(tmp) / "k.cu"
         cu.write_text(src)

@@ -49,8 +49,11 @@ def sr_random16(h, p: int):
 def stochastic_round(x, r16, fmt: str):
     """``x`` (fp32) rounded stochastically onto ``fmt``'s grid, as fp32; encode it with RNE after."""
     man_bits, min_exp, max_bits = SR_FORMATS[fmt]
+    # fp32 bits of the smallest step 2^(min_exp - man_bits): an fp32 subnormal for bf16 (2^-133).
+    tiny_exp = min_exp - man_bits
+    smallest_bits = (tiny_exp + 127) << 23 if tiny_exp >= -126 else 1 << (tiny_exp + 149)
     return _stochastic_round(x, r16, u32(23 - man_bits), u32(min_exp + 127), u32((max_bits or 0x7F800000) - 1),
-                             u32(0x3F800000 + ((min_exp - man_bits) << 23)))
+                             u32(smallest_bits))
 
 
 @T.macro

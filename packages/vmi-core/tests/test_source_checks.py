@@ -1,0 +1,144 @@
+"""The source checkers (vmi_core.source_checks) on hand-written AscendC-like snippets.
+
+Real generated sources are checked in test_compile.py and test_reduce.py; these
+snippets pin down the parsing (brace matching, comments, literals, declarations).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vmi_core.source_checks import (
+    Region,
+    assert_vector_regions,
+    dma_counts,
+    nvcc_compile,
+    nvcc_path,
+    region_report,
+)
+
+SIMD_OK = """\
+__simd_vf__ inline void k_kernel_simd_vf_0(__ubuf__ uint8_t* buf) {
+  for (int32_t v = 0; v < 16; ++v) {
+    vector_bool mask = asc_create_mask_b32(PAT_ALL);
+    auto vreg_0 = simd_inst::vlds_norm<float>((__ubuf__ float*)(&(((__ubuf__ float*)buf)[(v * 64)])), 0);
+    auto vreg_1 = simd_inst::vdup<float>(float(0x1.8p+1f/*3.000000e+00*/), mask, MODE_ZEROING);
+    auto vreg_2 = simd_inst::vmul(vreg_0, vreg_1, mask, MODE_ZEROING);
+    simd_inst::vsts_norm(vreg_2, (__ubuf__ float*)(&(((__ubuf__ float*)buf)[((v * 64) + 1024)])), 0, mask);
+  }
+}
+"""
+
+SIMD_SCALAR = """\
+__simd_vf__ inline void k_kernel_simd_vf_1(__ubuf__ uint8_t* buf_dyn_shmem) {
+  for (int32_t i = 0; i < 16; ++i) {
+    for (int32_t j = 0; j < 64; ++j) {
+      auto v = ((__ubuf__ float*)buf_dyn_shmem)[((i * 64) + j)];
+      ((__ubuf__ float*)buf_dyn_shmem)[(((i * 64) + j) + 2048)] = (v * 2.0f);
+    }
+  }
+}
+"""
+
+SIMT = """\
+__simt_vf__ __launch_bounds__(128) inline void k_kernel_simt_vf_0(__ubuf__ uint8_t* buf, int32_t n) {
+  if (((int32_t)threadIdx.x) < n) { /* a brace in a comment: { */
+    const char* s = "}";  // and in a string
+    ((__ubuf__ float*)buf)[((int32_t)threadIdx.x)] = 1.0f;
+  }
+}
+"""
+
+HOST = """\
+extern "C" __global__ __vector__ void k_kernel(__gm__ float* X, __gm__ float* Y, int32_t M) {
+  asc_init();
+  __ubuf__ uint8_t *buf_dyn_shmem = (__ubuf__ uint8_t *)0;
+  asc_copy_gm2ub_align((__ubuf__ uint8_t*)buf_dyn_shmem, (__gm__ uint8_t*)X, 1, 256, 0, 0, 0);
+  {calls}
+  asc_copy_ub2gm_align((__gm__ uint8_t*)Y, (__ubuf__ uint8_t*)buf_dyn_shmem, 1, 256, 4, 256, 256);
+  asc_copy_ub2gm_align((__gm__ uint8_t*)Y, (__ubuf__ uint8_t*)buf_dyn_shmem, 1, 256, 4, 256, 256);
+}}
+"""
+
+
+def source(*regions: str, calls: str = "") -> str:
+    return "#include <tl_templates/ascend/common.h>\n" + "\n".join(regions) + "\n" + \
+        HOST.replace("{calls}", calls).replace("}}\n", "}\n")
+
+
+SIMD_CALL = "k_kernel_simd_vf_0(buf_dyn_shmem);"
+SIMT_CALL = "asc_vf_call<k_kernel_simt_vf_0>(cce::dim3(128), buf_dyn_shmem, M);"
+
+
+def test_region_report():
+    src = source(SIMD_OK, SIMT, SIMD_SCALAR, calls=SIMD_CALL + SIMT_CALL)
+    assert region_report(src) == [
+        Region("k_kernel_simd_vf_0", "simd", 4, 0),
+        Region("k_kernel_simt_vf_0", "simt", 0, 1),
+        Region("k_kernel_simd_vf_1", "simd", 0, 2),
+    ]
+
+
+def test_braces_in_comments_and_strings_do_not_end_a_body():
+    (region,) = region_report(SIMT)
+    assert region.scalar_accesses == 1  # the store after the string literal is inside the body
+
+
+def test_declarations_are_not_regions():
+    src = "__simd_vf__ inline void k_kernel_simd_vf_0(__ubuf__ uint8_t* buf);\n" + SIMD_OK
+    assert [r.name for r in region_report(src)] == ["k_kernel_simd_vf_0"]
+
+
+def test_no_regions():
+    assert region_report(source()) == []
+    with pytest.raises(AssertionError, match="no vector region found"):
+        assert_vector_regions(source())
+    assert_vector_regions(source(), simd=0, simt=0)
+
+
+def test_assert_vector_regions_passes():
+    src = source(SIMD_OK, SIMT, calls=SIMD_CALL + SIMT_CALL)
+    regions = assert_vector_regions(src, simd=1, simt=1)
+    assert [r.kind for r in regions] == ["simd", "simt"]
+
+
+def test_scalar_simd_region_fails_with_report():
+    src = source(SIMD_SCALAR, calls="k_kernel_simd_vf_1(buf_dyn_shmem);")
+    with pytest.raises(AssertionError) as info:
+        assert_vector_regions(src)
+    message = str(info.value)
+    assert "SIMD region k_kernel_simd_vf_1 is scalar code (0 vector ops, 2 scalar accesses)" in message
+    assert "simd k_kernel_simd_vf_1: 0 vector ops, 2 scalar accesses" in message
+
+
+def test_counts():
+    src = source(SIMD_OK, SIMT, calls=SIMD_CALL + SIMT_CALL)
+    with pytest.raises(AssertionError, match=r"expected 2 simd region\(s\), found 1"):
+        assert_vector_regions(src, simd=2)
+    with pytest.raises(AssertionError, match=r"expected 0 simt region\(s\), found 1"):
+        assert_vector_regions(src, simt=0)
+
+
+def test_regions_must_be_launched():
+    with pytest.raises(AssertionError, match="never launched with asc_vf_call<k_kernel_simt_vf_0>"):
+        assert_vector_regions(source(SIMT, calls="k_kernel_simt_vf_0(buf_dyn_shmem, M);"))
+    with pytest.raises(AssertionError, match="k_kernel_simd_vf_0 is never called"):
+        assert_vector_regions(source(SIMD_OK))
+
+
+def test_dma_counts():
+    assert dma_counts(source()) == (1, 2)
+    assert dma_counts("") == (0, 0)
+
+
+def test_nvcc_bad_arch():
+    with pytest.raises(ValueError, match="sm_90a"):
+        nvcc_compile("", "hopper")
+
+
+@pytest.mark.cuda_compile
+def test_nvcc_failure_reports_stderr():
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    with pytest.raises(AssertionError, match=r"(?s)nvcc failed \(exit \d+\) for arch sm_80:.*vmi_no_such"):
+        nvcc_compile("__global__ void k() { vmi_no_such_type x; }\n", "sm_80")
