@@ -140,3 +140,14 @@ class KernelCache:
 
 
 kernel_cache = KernelCache()
+
+
+def kernel_source(build: Callable, spec, target: str, **config) -> str:
+    """Generated source of the kernel ``build(spec, target)`` (no hardware needed)."""
+    return lower(build(spec, target), target, **config)
+
+
+def cached_kernel(build: Callable, spec, target: str, **config):
+    """The compiled kernel ``build(spec, target)``: built once per process, cached on disk across processes."""
+    return kernel_cache.get((build.__module__, build.__qualname__, spec, target),
+                            lambda: compile_kernel(build(spec, target), target, **config))

@@ -187,3 +187,13 @@ def ue8m0_unpack(words: torch.Tensor, pack: int, dim: int, n: int) -> torch.Tens
     else:
         grid = ((w.unsqueeze(1) >> shifts[:, None]) & 0xFF).flatten(0, 1)[:n]
     return grid.to(torch.uint8).contiguous()
+
+
+def bit_view(t: torch.Tensor) -> torch.Tensor:
+    """The integer view a kernel takes for a narrow float: bf16 as uint16, E4M3 and packed FP4 (int8) as
+    uint8; other dtypes unchanged."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16)
+    if t.dtype in (torch.float8_e4m3fn, torch.int8):
+        return t.view(torch.uint8)
+    return t

@@ -1,18 +1,42 @@
 """vmi-quant: FP8/FP4 quantization ops as parallel-style TileLang kernels, with PyTorch references."""
 
+from .cast import cast
+from .cast_back import cast_back, per_token_cast_back
+from .cast_back_parallel import cast_back_parallel, per_token_cast_back_parallel
+from .cast_parallel import cast_parallel
 from .config import get_amax_clamp_for_quant, reset_runtime_config, set_amax_clamp_for_quant
+from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
+from .per_block_cast_lossless import per_block_cast_lossless
+from .per_block_cast_lossless_parallel import per_block_cast_lossless_parallel
+from .per_block_cast_parallel import per_block_cast_parallel
 from .per_token_cast import (
     per_token_cast,
     per_token_cast_with_precomputed_sf,
     per_token_cast_with_sf_only,
 )
+from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
+from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_parallel
 from .per_token_cast_parallel import per_token_cast_parallel
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "cast",
+    "cast_back",
+    "cast_back_parallel",
+    "cast_parallel",
     "get_amax_clamp_for_quant",
+    "per_block_cast",
+    "per_block_cast_lossless",
+    "per_block_cast_lossless_parallel",
+    "per_block_cast_parallel",
+    "per_block_cast_with_precomputed_sf",
+    "per_block_cast_with_sf_only",
     "per_token_cast",
+    "per_token_cast_and_cast_back",
+    "per_token_cast_and_cast_back_parallel",
+    "per_token_cast_back",
+    "per_token_cast_back_parallel",
     "per_token_cast_parallel",
     "per_token_cast_with_precomputed_sf",
     "per_token_cast_with_sf_only",

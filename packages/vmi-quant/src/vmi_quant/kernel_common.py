@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tilelang.language as T
@@ -60,6 +60,18 @@ def store_scale(rule: ScaleRule, amax_bits, sf_tile, sf_inv_tile, i, g):
 
 
 @T.macro
+def store_scale_value(rule: ScaleRule, amax_bits, sf_tile, sf_inv_tile, i, g):
+    """Like ``store_scale``, but ``sf_tile[i, g]`` always gets the sf as an fp32 value (an E4M3
+    sf decoded), for kernels that dequantize with it instead of storing it."""
+    if rule.e4m3_sf:
+        c = T.max(F.f32_from_bits(amax_bits), F.f32_const(rule.clamp))
+        sf_tile[i, g] = F.e4m3_to_f32(F.f32_to_e4m3(c / F.f32_const(rule.qmax)))
+        sf_inv_tile[i, g] = T.float32(1.0) / sf_tile[i, g]
+    else:
+        store_scale(replace(rule, stored="fp32"), amax_bits, sf_tile, sf_inv_tile, i, g)
+
+
+@T.macro
 def decode_scale(layout: SFLayout, stored):
     """A stored SF element (fp32, E4M3 code or UE8M0 byte) as fp32."""
     if layout.kind == "fp32":
@@ -89,6 +101,11 @@ def decode_element(in_fmt: str, tile, i, j):
 def encode(fmt: str, y):
     """RNE code of ``y`` in ``fmt`` (E4M3 as uint8, E2M1 as a 4-bit uint32)."""
     return F.f32_to_e4m3(y) if fmt == "e4m3" else F.f32_to_e2m1(y)
+
+
+def decode_code(fmt: str, code):
+    """The fp32 value of an ``encode`` result (E4M3 byte or E2M1 4-bit code)."""
+    return F.e4m3_to_f32(code) if fmt == "e4m3" else F.e2m1_to_f32(code)
 
 
 @T.macro

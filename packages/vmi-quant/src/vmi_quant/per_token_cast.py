@@ -132,8 +132,8 @@ def _reference(call: PerTokenCastCall, x, use_tma_aligned_col_major_sf, round_sf
 
 
 def run_per_token_cast(mode, x, fmt, num_per_channels, x_block_size=None, use_tma_aligned_col_major_sf=False,
-         round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, stochastic_cast=False, out=None, sf=None,
-         target=None, flavor=None, kernel_only=False):
+                       round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, stochastic_cast=False, out=None,
+                       sf=None, target=None, flavor=None, kernel_only=False):
     target, call = _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                             use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor)
     if target == "torch":

@@ -20,13 +20,15 @@ of ``T.Parallel`` accepts.
 """
 
 
+import math
 from dataclasses import dataclass
 
 import tilelang.language as T
 import torch
 
-from vmi_core.compile import compile_kernel, kernel_cache, lower
+from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import run_rows
+from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
 from vmi_core.tl.reduce import segment_reduce
@@ -223,29 +225,13 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
     return per_token_cast_kernel
 
 
-def _kernel_config(spec: PerTokenCastSpec) -> dict:
-    # Every tile is touched inside SIMT regions and the output is 8-bit.
-    return {"simt_8bit": True}
+# Every tile is touched inside SIMT regions and the output is 8-bit.
+KERNEL_CONFIG = {"simt_8bit": True}
 
 
 def per_token_cast_source(spec: PerTokenCastSpec, target: str) -> str:
     """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
-    return lower(build_per_token_cast(spec, target), target, **_kernel_config(spec))
-
-
-def _compiled(spec: PerTokenCastSpec, target: str):
-    return kernel_cache.get(("per_token_cast", spec, target),
-                            lambda: compile_kernel(build_per_token_cast(spec, target), target,
-                                                   **_kernel_config(spec)))
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The integer bit view a kernel takes for a narrow float (bf16, fp8, packed FP4)."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.uint16)
-    if t.dtype in (torch.float8_e4m3fn, torch.int8):
-        return t.view(torch.uint8)
-    return t
+    return kernel_source(build_per_token_cast, spec, target, **KERNEL_CONFIG)
 
 
 def launch(call, target: str) -> None:
@@ -254,9 +240,9 @@ def launch(call, target: str) -> None:
     num_tokens = inp.num_tokens
     if num_tokens == 0:
         return
-    kernel = _compiled(spec, target)
-    x = _bits(inp.data)
-    out = None if call.out is None else _bits(call.out)
+    kernel = cached_kernel(build_per_token_cast, spec, target, **KERNEL_CONFIG)
+    x = bit_view(inp.data)
+    out = None if call.out is None else bit_view(call.out)
     qin = spec.quant_input
     # Rows of one input-SF block (or packed word along tokens) stay in one range.
     align = 1
@@ -277,7 +263,7 @@ def launch(call, target: str) -> None:
             kernel(rows, xsf, out[start:stop], sf, x.stride(0), out.stride(0), xsf_sm, xsf_sk, sf_sm, sf_sk)
 
     if target == "cpu":
-        run_rows(run, num_tokens, align=max(align, BLOCK_M), min_rows=4 * BLOCK_M)
+        run_rows(run, num_tokens, align=math.lcm(align, BLOCK_M), min_rows=4 * BLOCK_M)
     else:
         run(0, num_tokens)
 

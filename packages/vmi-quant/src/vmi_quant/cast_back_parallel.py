@@ -1,0 +1,203 @@
+"""``cast_back`` as one parallel-style TileLang kernel for ascend, cuda and cpu.
+
+Work tiles are ``BLOCK_M`` tokens x ``BLOCK_K`` channels, handed out round-robin
+to persistent workers, hidden tiles of one token tile on consecutive iterations.
+Per tile:
+
+1. DMA the quantized data tile (E4M3, or packed FP4 bytes) into an on-chip tile;
+2. gather the SF blocks the tile touches from any SF layout and decode them to fp32
+   (block indices clamped into the grid, so partial tiles read nothing out of range);
+3. per element: ``fl32(float(q) * sf)``, stored as fp32 or rounded to bf16 (RNE);
+4. DMA the output tile out.
+
+The scaling block ``(bm, bk)`` is a compile-time value (any bm, bk >= 1); token
+count, hidden size and the data and SF strides are runtime values. The vector region
+is SIMT on Ascend: decoding E4M3/FP4/UE8M0 and rounding to bf16 are integer bit math
+(shifts, masks, selects, bit casts) on 8-bit data, and the SF gather indexes by
+computed addresses, none of which TileLang 0.1.15's SIMD lowering of ``T.Parallel``
+accepts.
+"""
+
+
+import math
+from dataclasses import dataclass
+
+import tilelang.language as T
+import torch
+
+from vmi_core.compile import compile_kernel, kernel_cache, lower
+from vmi_core.cpu_parallel import run_rows
+from vmi_core.sf_layout import SFLayout
+from vmi_core.tl import formats as F
+from vmi_core.tl.shell import SIMT, Shell
+
+from .kernel_common import KERNEL_DTYPE, decode_element, load_scale
+
+IN_FORMATS = ("e4m3", "e2m1")
+OUT_FORMATS = ("fp32", "bf16")
+# A tile of 32 tokens x 128 channels keeps the SF tile of the finest block (1, 1)
+# as small as the data tile, and every tile fits CPU stack arrays and the Ascend UB.
+BLOCK_M = 32
+BLOCK_K = 128
+
+
+@dataclass(frozen=True)
+class CastBackSpec:
+    """Everything a cast_back kernel is specialised on (shapes and strides are runtime values)."""
+
+    in_fmt: str
+    out_fmt: str
+    sf_layout: SFLayout
+    block_m: int
+    block_k: int
+
+    def __post_init__(self) -> None:
+        if self.in_fmt not in IN_FORMATS or self.out_fmt not in OUT_FORMATS:
+            raise ValueError(f"cast_back converts {IN_FORMATS} to {OUT_FORMATS}, got {(self.in_fmt, self.out_fmt)}")
+        if self.block_m < 1 or self.block_k < 1:
+            raise ValueError(f"blocks must be positive, got {(self.block_m, self.block_k)}")
+
+
+def _phys(fmt: str, cols: int) -> int:
+    """Storage columns of ``cols`` logical elements (FP4: two per byte)."""
+    return cols // 2 if fmt == "e2m1" else cols
+
+
+def _blocks_touched(tile: int, block: int) -> int:
+    """The most blocks of size ``block`` that a tile of ``tile`` elements starting at a
+    multiple of ``tile`` touches."""
+    if tile % block == 0:
+        return tile // block
+    if block % tile == 0:
+        return 1
+    return -(-(tile - 1) // block) + 1
+
+
+def _block_offset(origin, first_block, offset, tile: int, block: int):
+    """Index, relative to ``first_block`` (the block of ``origin``, a multiple of ``tile``),
+    of the block holding element ``origin + offset``."""
+    if tile % block == 0:
+        return offset // block
+    if block % tile == 0:
+        return 0
+    return (origin + offset) // block - first_block
+
+
+def build_cast_back(spec: CastBackSpec, target: str):
+    """The TileLang prim_func of ``spec`` for ``target``."""
+    sh = Shell(target)
+    TK = sh.T
+    BM, BK = BLOCK_M, BLOCK_K
+    bm, bk = spec.block_m, spec.block_k
+    layout = spec.sf_layout
+    in_cols = _phys(spec.in_fmt, BK)
+    out_dtype = "float32" if spec.out_fmt == "fp32" else "uint16"
+    sf_dtype = "float32" if layout.kind == "fp32" else "uint8"
+    sf_rows, sf_cols = _blocks_touched(BM, bm), _blocks_touched(BK, bk)
+
+    M = TK.dynamic("M")
+    XK = TK.dynamic("XK")
+    K = TK.dynamic("K")
+    SF_LEN = TK.dynamic("SF_LEN")
+    x_stride = TK.dynamic("x_stride")
+
+    @T.macro
+    def load_scales(SF, s, sf_r0, sf_c0, sf_sm, sf_sk):
+        """Decode the SF blocks the tile touches (indices clamped into the grid)."""
+        for r, c in T.Parallel(sf_rows, sf_cols):
+            s[r, c] = load_scale(layout, SF, T.min(sf_r0 + r, T.ceildiv(M, bm) - 1),
+                                 T.min(sf_c0 + c, T.ceildiv(K, bk) - 1), sf_sm, sf_sk)
+
+    @T.macro
+    def dequantize(x, s, o, row0, k0, sf_r0, sf_c0):
+        for i, j in T.Parallel(BM, BK):
+            y = decode_element(spec.in_fmt, x, i, j) * s[_block_offset(row0, sf_r0, i, BM, bm),
+                                                          _block_offset(k0, sf_c0, j, BK, bk)]
+            o[i, j] = y if spec.out_fmt == "fp32" else F.f32_to_bf16(y)
+
+    @TK.prim_func
+    def cast_back_kernel(
+        X: TK.StridedTensor((M, XK), (x_stride, 1), KERNEL_DTYPE[spec.in_fmt]),
+        SF: TK.Tensor((SF_LEN,), sf_dtype),
+        OUT: TK.Tensor((M, K), out_dtype),
+        x_stride: TK.int32, sf_sm: TK.int32, sf_sk: TK.int32,
+    ):
+        with sh.persistent_kernel() as worker:
+            for tm, tk in sh.tiles([T.ceildiv(M, BM), T.ceildiv(K, BK)], worker, group_size=T.ceildiv(K, BK)):
+                # Scalars, not let bindings: TileLang would inline the index math (with its
+                # divisions) into every element access.
+                row0 = T.alloc_var("int32")
+                k0 = T.alloc_var("int32")
+                sf_r0 = T.alloc_var("int32")
+                sf_c0 = T.alloc_var("int32")
+                row0 = tm * BM
+                k0 = tk * BK
+                sf_r0 = row0 // bm
+                sf_c0 = k0 // bk
+                x = sh.tile((BM, in_cols), KERNEL_DTYPE[spec.in_fmt])
+                s = sh.tile((sf_rows, sf_cols), "float32")
+                o = sh.tile((BM, BK), out_dtype)
+                sh.buffer_versions({x: 2, o: 2})
+                sh.copy(X[row0, _phys(spec.in_fmt, k0)], x)
+                with sh.vector(SIMT):
+                    load_scales(SF, s, sf_r0, sf_c0, sf_sm, sf_sk)
+                    dequantize(x, s, o, row0, k0, sf_r0, sf_c0)
+                sh.copy(o, OUT[row0, k0])
+
+    return cast_back_kernel
+
+
+def _kernel_config(spec: CastBackSpec) -> dict:
+    # The SIMT region reads 8-bit data (and 8-bit SF bytes).
+    return {"simt_8bit": True}
+
+
+def cast_back_source(spec: CastBackSpec, target: str) -> str:
+    """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
+    return lower(build_cast_back(spec, target), target, **_kernel_config(spec))
+
+
+def _compiled(spec: CastBackSpec, target: str):
+    return kernel_cache.get(("cast_back", spec, target),
+                            lambda: compile_kernel(build_cast_back(spec, target), target, **_kernel_config(spec)))
+
+
+def launch(call, target: str) -> None:
+    """Run a validated call (``vmi_quant.cast_back.CastBackCall``) on ``target``."""
+    spec = call.spec
+    num_tokens, hidden = call.out.shape
+    if num_tokens == 0 or hidden == 0:
+        return
+    kernel = _compiled(spec, target)
+    x = call.data.view(torch.uint8)
+    out = call.out.view(torch.uint16) if spec.out_fmt == "bf16" else call.out
+    layout = spec.sf_layout
+    # A row range starts at a block boundary (and at a word boundary of an SF packed along tokens).
+    sf_rows_per_sf_row = spec.block_m * (layout.pack if layout.pack_along_m else 1)
+
+    def run(start: int, stop: int) -> None:
+        sf, sf_sm, sf_sk = layout.kernel_view(call.sf[start // sf_rows_per_sf_row:])
+        kernel(x[start:stop], sf, out[start:stop], x.stride(0), sf_sm, sf_sk)
+
+    if target == "cpu":
+        run_rows(run, num_tokens, align=math.lcm(sf_rows_per_sf_row, BLOCK_M), min_rows=4 * BLOCK_M)
+    else:
+        run(0, num_tokens)
+
+
+def cast_back_parallel(x, fmt: str, x_block_size, x_special_fmt=None, *, target: str | None = None,
+                       flavor: str | None = None):
+    """``cast_back`` that always runs the parallel kernel (same arguments)."""
+    # The dispatch module imports this one; by call time both are loaded.
+    from .cast_back import run_cast_back
+
+    return run_cast_back(x, fmt, x_block_size, x_special_fmt, target, flavor, kernel_only=True)
+
+
+def per_token_cast_back_parallel(x, fmt: str, num_per_channels: int, x_special_fmt=None, *,
+                                 target: str | None = None, flavor: str | None = None):
+    """``per_token_cast_back`` that always runs the parallel kernel (same arguments)."""
+    from .cast_back import check_num_per_channels, run_cast_back
+
+    check_num_per_channels(num_per_channels)
+    return run_cast_back(x, fmt, (1, num_per_channels), x_special_fmt, target, flavor, kernel_only=True)

@@ -1,0 +1,212 @@
+"""``cast`` as one parallel-style TileLang kernel for ascend, cuda and cpu.
+
+The tensor is processed as a flat vector: work tiles of ``BLOCK`` elements go
+round-robin to persistent workers. Per tile:
+
+1. DMA the input tile into an on-chip tile (the last tile is clamped);
+2. per element: decode to fp32, round and encode to the output format; with
+   stochastic rounding, first one hash per quad of four elements, then each
+   element rounds with its 16 bits of its quad's hash;
+3. DMA the output tile out.
+
+A same-format cast has no vector region: its tiles go from the input DMA straight
+to the output DMA. Every other vector region is SIMT on Ascend: the conversions are
+integer bit math (shifts, masks, compares, selects, bit casts) on 16- and 8-bit
+data, which TileLang 0.1.15's SIMD lowering of ``T.Parallel`` does not accept.
+
+The element count is a runtime value (one compiled kernel per format pair); the
+launcher cuts huge tensors into chunks that int32 indexing covers and hands every
+chunk the quad index it starts at, the stochastic-rounding counter, mod 2^32.
+"""
+
+
+from dataclasses import dataclass
+
+import tilelang.language as T
+import torch
+
+from vmi_core.compile import compile_kernel, kernel_cache, lower
+from vmi_core.cpu_parallel import run_rows
+from vmi_core.tl import formats as F
+from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.stochastic import sr_mix, sr_random16, stochastic_round
+
+from .kernel_common import KERNEL_DTYPE
+
+FORMATS = ("fp32", "bf16", "e4m3")
+STOCHASTIC_PAIRS = (("fp32", "bf16"), ("fp32", "e4m3"), ("bf16", "e4m3"))
+# Elements per work tile: a multiple of 4 (whole quads), small enough for CPU stack
+# arrays and, double-buffered, a fraction of the Ascend UB.
+BLOCK = 4096
+# Elements per launch: tile offsets stay far below 2^31 (int32 indexing).
+CHUNK = 1 << 30
+
+
+@dataclass(frozen=True)
+class CastSpec:
+    """Everything a cast kernel is specialised on (the element count is a runtime value)."""
+
+    in_fmt: str
+    out_fmt: str
+    stochastic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.in_fmt not in FORMATS or self.out_fmt not in FORMATS:
+            raise ValueError(f"formats must be in {FORMATS}, got {(self.in_fmt, self.out_fmt)}")
+        if self.stochastic and (self.in_fmt, self.out_fmt) not in STOCHASTIC_PAIRS:
+            raise ValueError(f"stochastic rounding supports only {STOCHASTIC_PAIRS}, "
+                             f"got {(self.in_fmt, self.out_fmt)}")
+
+    @property
+    def copy_only(self) -> bool:
+        return self.in_fmt == self.out_fmt
+
+
+def to_f32(fmt: str, value):
+    """A stored element of ``fmt`` (fp32, or bf16/E4M3 bits) as fp32."""
+    if fmt == "fp32":
+        return value
+    if fmt == "bf16":
+        return F.bf16_to_f32(value)
+    return F.e4m3_to_f32(value)
+
+
+def from_f32(fmt: str, y):
+    """fp32 ``y`` in ``fmt``, round to nearest even (E4M3 saturating)."""
+    if fmt == "fp32":
+        return y
+    if fmt == "bf16":
+        return F.f32_to_bf16(y)
+    return F.f32_to_e4m3(y)
+
+
+def build_cast(spec: CastSpec, target: str):
+    """The TileLang prim_func of ``spec`` for ``target``."""
+    sh = Shell(target)
+    TK = sh.T
+    in_dtype, out_dtype = KERNEL_DTYPE[spec.in_fmt], KERNEL_DTYPE[spec.out_fmt]
+    N = TK.dynamic("N")
+
+    def wide_bits(x, j):
+        """The bit pattern of element ``j`` widened to fp32 (what the stochastic-rounding hash reads)."""
+        return F.f32_bits(to_f32(spec.in_fmt, x[j]))
+
+    @T.macro
+    def convert(x, o):
+        for j in T.Parallel(BLOCK):
+            o[j] = from_f32(spec.out_fmt, to_f32(spec.in_fmt, x[j]))
+
+    @T.macro
+    def hash_quads(x, h, quad0):
+        for qd in T.Parallel(BLOCK // 4):
+            h[qd] = sr_mix(wide_bits(x, 4 * qd), wide_bits(x, 4 * qd + 1), wide_bits(x, 4 * qd + 2),
+                           wide_bits(x, 4 * qd + 3), quad0 + T.Cast("uint32", qd))
+
+    @T.macro
+    def convert_stochastic(x, h, o):
+        # One rounding per element (not four per quad) keeps the kernel code small.
+        for j in T.Parallel(BLOCK):
+            r16 = T.Select(j % 4 == 0, sr_random16(h[j // 4], 0),
+                           T.Select(j % 4 == 1, sr_random16(h[j // 4], 1),
+                                    T.Select(j % 4 == 2, sr_random16(h[j // 4], 2), sr_random16(h[j // 4], 3))))
+            o[j] = from_f32(spec.out_fmt, stochastic_round(to_f32(spec.in_fmt, x[j]), r16, spec.out_fmt))
+
+    @T.macro
+    def body(X, OUT, quad_base):
+        with sh.persistent_kernel() as worker:
+            for t in sh.tiles([T.ceildiv(N, BLOCK)], worker):
+                # A scalar, not a let binding: TileLang would inline the offset into every access.
+                t0 = T.alloc_var("int32")
+                t0 = t * BLOCK
+                x = sh.tile((BLOCK,), in_dtype)
+                if spec.copy_only:
+                    sh.buffer_versions({x: 2})
+                    sh.copy(X[t0], x)
+                    sh.copy(x, OUT[t0])
+                else:
+                    o = sh.tile((BLOCK,), out_dtype)
+                    h = sh.tile((BLOCK // 4,), "uint32") if spec.stochastic else None
+                    sh.buffer_versions({x: 2, o: 2})
+                    sh.copy(X[t0], x)
+                    with sh.vector(SIMT):
+                        if spec.stochastic:
+                            quad0 = T.alloc_var("uint32")
+                            quad0 = T.Cast("uint32", quad_base) + T.Cast("uint32", t * (BLOCK // 4))
+                            hash_quads(x, h, quad0)
+                            convert_stochastic(x, h, o)
+                        else:
+                            convert(x, o)
+                    sh.copy(o, OUT[t0])
+
+    if spec.stochastic:
+        @TK.prim_func
+        def cast_kernel(X: TK.Tensor((N,), in_dtype), OUT: TK.Tensor((N,), out_dtype), quad_base: TK.int32):
+            body(X, OUT, quad_base)
+    else:
+        @TK.prim_func
+        def cast_kernel(X: TK.Tensor((N,), in_dtype), OUT: TK.Tensor((N,), out_dtype)):
+            body(X, OUT, None)
+
+    return cast_kernel
+
+
+def _kernel_config(spec: CastSpec) -> dict:
+    # SIMT regions access 8-bit E4M3 data element by element.
+    return {"simt_8bit": "e4m3" in (spec.in_fmt, spec.out_fmt)}
+
+
+def cast_source(spec: CastSpec, target: str) -> str:
+    """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
+    return lower(build_cast(spec, target), target, **_kernel_config(spec))
+
+
+def _compiled(spec: CastSpec, target: str):
+    return kernel_cache.get(("cast", spec, target),
+                            lambda: compile_kernel(build_cast(spec, target), target, **_kernel_config(spec)))
+
+
+def _flat_bits(t: torch.Tensor) -> torch.Tensor:
+    """The flat view a kernel takes: fp32 as is, bf16 and E4M3 as integer bit patterns."""
+    flat = t.view(-1)
+    if t.dtype == torch.bfloat16:
+        return flat.view(torch.uint16)
+    if t.dtype == torch.float8_e4m3fn:
+        return flat.view(torch.uint8)
+    return flat
+
+
+def quad_base(start: int) -> int:
+    """The counter of the quad at element ``start``, mod 2^32, as the int32 a kernel argument holds."""
+    base = (start // 4) & 0xFFFFFFFF
+    return base - (1 << 32) if base >= 1 << 31 else base
+
+
+def launch(call, target: str) -> None:
+    """Run a validated call (``vmi_quant.cast.CastCall``) on ``target``."""
+    spec = call.spec
+    n = call.x.numel()
+    if n == 0:
+        return
+    kernel = _compiled(spec, target)
+    x, out = _flat_bits(call.x), _flat_bits(call.out)
+
+    def run(start: int, stop: int) -> None:
+        for lo in range(start, stop, CHUNK):
+            hi = min(lo + CHUNK, stop)
+            if spec.stochastic:
+                kernel(x[lo:hi], out[lo:hi], quad_base(lo))
+            else:
+                kernel(x[lo:hi], out[lo:hi])
+
+    if target == "cpu":
+        run_rows(run, n, align=BLOCK, min_rows=16 * BLOCK)
+    else:
+        run(0, n)
+
+
+def cast_parallel(x, dtype, stochastic_rounding=False, *, target: str | None = None, flavor: str | None = None):
+    """``cast`` that always runs the parallel kernel (same arguments)."""
+    # The dispatch module imports this one; by call time both are loaded.
+    from .cast import run_cast
+
+    return run_cast(x, dtype, stochastic_rounding, target, flavor, kernel_only=True)

@@ -1,0 +1,176 @@
+"""``per_block_cast`` family: public dispatch (validation, allocation, backend choice).
+
+Quantizes a bf16/fp32 matrix to E4M3 or FP4 (E2M1) with one scaling factor per
+``bm x bk`` block (``bm, bk`` in {32, 128}). Names and parameters follow TileKernels
+v2; ``target`` and ``flavor`` are vmi's additions (see vmi_core.targets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vmi_core.sf_layout import SFLayout
+from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+
+from . import per_block_cast_parallel as parallel
+from . import reference
+from .config import get_amax_clamp_for_quant
+from .inputs import (
+    OUT_DTYPES,
+    PLAIN_DTYPES,
+    check_fmt,
+    check_matrix,
+    check_out_data,
+    check_same_device,
+    check_sf_options,
+    physical_cols,
+    sf_layout_of,
+)
+from .kernel_common import ScaleRule
+from .per_token_cast import split_out
+
+_NAMES = {"cast": "per_block_cast", "sf_only": "per_block_cast_with_sf_only",
+          "cast_only": "per_block_cast_with_precomputed_sf"}
+
+
+@dataclass
+class PerBlockCastCall:
+    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+
+    spec: parallel.PerBlockCastSpec
+    x: torch.Tensor
+    flavor: Flavor
+    out: torch.Tensor | None
+    sf: torch.Tensor
+
+
+def check_block_size(block_size) -> tuple[int, int]:
+    if (not isinstance(block_size, tuple) or len(block_size) != 2
+            or not all(type(b) is int and b in parallel.BLOCK_SIZES for b in block_size)):
+        raise ValueError(f"block_size must be a tuple (bm, bk) with bm and bk in {parallel.BLOCK_SIZES}, "
+                         f"got {block_size!r}")
+    return block_size
+
+
+def make_spec(in_fmt: str, fmt: str, block_size: tuple[int, int], mode: str, sf_layout: SFLayout,
+              round_sf: bool) -> parallel.PerBlockCastSpec:
+    """The kernel specialisation of validated arguments (the amax clamp is read now)."""
+    # A precomputed SF is only read (sf_inv = 1/sf), so round_sf does not change that kernel.
+    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, False), round_sf=round_sf and mode != "cast_only",
+                     stored=sf_layout.kind)
+    return parallel.PerBlockCastSpec(in_fmt, fmt, *block_size, mode, rule, sf_layout)
+
+
+def _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out, sf,
+             target, flavor):
+    check_fmt(fmt)
+    if isinstance(x, tuple):
+        raise TypeError(f"{_NAMES[mode]} needs a plain bf16/fp32 x, not a quantized (data, sf) tuple")
+    check_matrix(x, "x")
+    if x.dtype not in PLAIN_DTYPES:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    device = x.device
+    target = resolve_target(x, target)
+    flavor = resolve_flavor(target, flavor)
+    bm, bk = check_block_size(block_size)
+    check_sf_options(round_sf, use_packed_ue8m0, False)
+    if not isinstance(use_tma_aligned_col_major_sf, bool):
+        raise TypeError("use_tma_aligned_col_major_sf must be a bool")
+    num_tokens, hidden = x.shape
+    if num_tokens % parallel.ALIGN or hidden % parallel.ALIGN:
+        raise ValueError(f"x must have a number of tokens and a hidden size that are multiples of "
+                         f"{parallel.ALIGN}, got shape {tuple(x.shape)}")
+
+    nbm, nbk = num_tokens // bm, hidden // bk
+    layout = SFLayout.of(flavor, packed=use_packed_ue8m0, col_major=use_tma_aligned_col_major_sf, block_k=bk)
+    if mode == "cast_only":
+        if not isinstance(sf, torch.Tensor):
+            raise TypeError(f"sf must be a torch.Tensor, got {type(sf).__name__}")
+        if use_packed_ue8m0 or use_tma_aligned_col_major_sf:
+            raise ValueError("a precomputed sf must be row-major and unpacked: pass "
+                             "use_packed_ue8m0=False and use_tma_aligned_col_major_sf=False")
+        check_same_device(sf, "sf", device)
+        layout = sf_layout_of(sf, flavor, bk, "sf")
+        if layout.kind != "fp32":
+            raise TypeError(f"sf must be float32, got {sf.dtype}")
+        layout.check(sf, nbm, nbk, "sf")
+        if layout.col_major:
+            raise ValueError(f"sf must be row-major, got strides {tuple(sf.stride())}")
+    elif sf is not None:
+        layout.check(sf, nbm, nbk, "out_sf")
+        check_same_device(sf, "out_sf", device)
+    else:
+        sf = layout.allocate(nbm, nbk, flavor, device)
+
+    if mode != "sf_only":
+        if out is None:
+            out = torch.empty((num_tokens, physical_cols(fmt, hidden)), dtype=OUT_DTYPES[fmt], device=device)
+        else:
+            check_out_data(out, fmt, num_tokens, hidden, device)
+
+    spec = make_spec(PLAIN_DTYPES[x.dtype], fmt, (bm, bk), mode, layout, round_sf)
+    return target, PerBlockCastCall(spec, x, flavor, out, sf)
+
+
+def _reference(call: PerBlockCastCall, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):
+    spec = call.spec
+    block = (spec.block_m, spec.block_k)
+    if spec.mode == "cast_only":
+        return call.out.copy_(reference.cast(call.x, spec.fmt, block, sf=call.sf, flavor=call.flavor))
+    data, sf = reference.cast(call.x, spec.fmt, block, round_sf=round_sf,
+                              use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
+                              use_packed_ue8m0=use_packed_ue8m0, flavor=call.flavor)
+    call.sf.copy_(sf)
+    if spec.mode == "sf_only":
+        return call.sf
+    call.out.copy_(data)
+    return call.out, call.sf
+
+
+def run_per_block_cast(mode, x, fmt, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
+                       use_packed_ue8m0=False, out=None, sf=None, target=None, flavor=None, kernel_only=False):
+    target, call = _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                            out, sf, target, flavor)
+    if target == "torch":
+        if kernel_only:
+            raise ValueError("per_block_cast_parallel always runs the kernel; target 'torch' is the reference")
+        return _reference(call, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    parallel.launch(call, target)
+    if mode == "sf_only":
+        return call.sf
+    if mode == "cast_only":
+        return call.out
+    return call.out, call.sf
+
+
+def per_block_cast(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
+                   use_packed_ue8m0=False, out=None, *, target: str | None = None, flavor: str | None = None):
+    """Quantize ``x`` with one scaling factor per ``block_size = (bm, bk)`` block; returns ``(data, sf)``.
+
+    ``x``: bf16/fp32 ``(M, K)`` with M and K multiples of 128 (the row stride may exceed K);
+    ``bm, bk`` in {32, 128}; ``fmt``: ``"e4m3"`` or ``"e2m1"``. ``out``: optional
+    preallocated ``(data, sf)``. The SF grid ``(M/bm, K/bk)`` is fp32, or packed UE8M0 words
+    (``use_packed_ue8m0``, needs ``round_sf``), row-major or TMA-aligned column-major.
+    """
+    out_x, out_sf = split_out(out)
+    return run_per_block_cast("cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                              out_x, out_sf, target, flavor)
+
+
+def per_block_cast_with_sf_only(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
+                                use_packed_ue8m0=False, out_sf=None, *, target: str | None = None,
+                                flavor: str | None = None):
+    """Only the SF ``per_block_cast`` would return (no data is written)."""
+    return run_per_block_cast("sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                              use_packed_ue8m0, None, out_sf, target, flavor)
+
+
+def per_block_cast_with_precomputed_sf(x, fmt: str, block_size, sf, use_tma_aligned_col_major_sf=False,
+                                       round_sf=False, use_packed_ue8m0=False, out=None, *,
+                                       target: str | None = None, flavor: str | None = None):
+    """Quantize with a given row-major fp32 ``sf`` of shape ``(M/bm, K/bk)``: ``q = cast(x * (1 / sf))``;
+    returns data."""
+    return run_per_block_cast("cast_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
+                              use_packed_ue8m0, out, sf, target, flavor)

@@ -1,0 +1,121 @@
+"""``per_block_cast_lossless``: public dispatch (validation, allocation, backend choice).
+
+Re-quantizes FP4 (E2M1) data with power-of-two scales per input block to E4M3 with one
+power-of-two scale per larger output block, without changing any dequantized value.
+Names and parameters follow TileKernels v2; ``target`` and ``flavor`` are vmi's additions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vmi_core.sf_layout import SFLayout, ceil_div
+from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+
+from . import per_block_cast_lossless_parallel as parallel
+from .inputs import check_matrix, check_same_device, check_sf_options, logical_cols, sf_layout_of
+from .reference.lossless import per_block_cast_lossless as reference_lossless
+
+
+@dataclass
+class LosslessCall:
+    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+
+    spec: parallel.LosslessSpec
+    data: torch.Tensor
+    in_sf: torch.Tensor
+    flavor: Flavor
+    out: torch.Tensor
+    sf: torch.Tensor
+
+
+def _check_block(block, name: str) -> tuple[int, int]:
+    if (not isinstance(block, tuple) or len(block) != 2
+            or not all(type(b) is int and 0 < b <= parallel.MAX_BLOCK and b & (b - 1) == 0 for b in block)):
+        raise ValueError(f"{name} must be a tuple of two powers of two in [1, {parallel.MAX_BLOCK}], got {block!r}")
+    return block
+
+
+def make_spec(in_sf_layout: SFLayout, x_block_size: tuple[int, int], sf_layout: SFLayout,
+              out_block_size: tuple[int, int]) -> parallel.LosslessSpec:
+    return parallel.LosslessSpec(in_sf_layout, *x_block_size, sf_layout, *out_block_size)
+
+
+def _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+             target, flavor) -> tuple[str, LosslessCall]:
+    if not isinstance(fmt, str):
+        raise TypeError(f"fmt must be a str, got {type(fmt).__name__}")
+    if fmt != "e4m3":
+        raise ValueError(f"fmt must be 'e4m3' (only FP4 -> E4M3 is lossless), got {fmt!r}")
+    if not isinstance(x, tuple) or len(x) != 2:
+        raise TypeError("x must be a quantized (data, sf) tuple with int8 (packed FP4) data")
+    data, in_sf = x
+    check_matrix(data, "x data")
+    if data.dtype != torch.int8:
+        raise TypeError(f"x data must be int8 (packed FP4), got {data.dtype}")
+    if not isinstance(in_sf, torch.Tensor):
+        raise TypeError(f"x sf must be a torch.Tensor, got {type(in_sf).__name__}")
+    device = data.device
+    check_same_device(in_sf, "x sf", device)
+    target = resolve_target(data, target)
+    flavor = resolve_flavor(target, flavor)
+    x_block = _check_block(x_block_size, "x_block_size")
+    out_block = _check_block(out_block_size, "out_block_size")
+    if out_block[0] % x_block[0] or out_block[1] % x_block[1]:
+        raise ValueError(f"out_block_size {out_block} must be a multiple of x_block_size {x_block}")
+    check_sf_options(round_sf, use_packed_ue8m0, False)
+    if not isinstance(use_tma_aligned_col_major_sf, bool):
+        raise TypeError("use_tma_aligned_col_major_sf must be a bool")
+    num_tokens, hidden = data.shape[0], logical_cols("e2m1", data.shape[1])
+    if num_tokens % parallel.ALIGN or hidden % parallel.ALIGN:
+        raise ValueError(f"x must have a number of tokens and a (logical) hidden size that are multiples of "
+                         f"{parallel.ALIGN}, got {num_tokens} x {hidden}")
+
+    in_layout = sf_layout_of(in_sf, flavor, x_block[1], "x sf")
+    if in_layout.kind == "e4m3":
+        raise TypeError("x sf must hold powers of two (float32 or packed UE8M0), not float8_e4m3fn")
+    in_layout.check(in_sf, ceil_div(num_tokens, x_block[0]), ceil_div(hidden, x_block[1]), "x sf")
+    if use_packed_ue8m0 and use_tma_aligned_col_major_sf and out_block[1] == 1:
+        raise ValueError("an SF packed along tokens (out_block_size[1] == 1) cannot be column-major")
+    layout = SFLayout.of(flavor, packed=use_packed_ue8m0, col_major=use_tma_aligned_col_major_sf,
+                         block_k=out_block[1])
+    sf = layout.allocate(ceil_div(num_tokens, out_block[0]), ceil_div(hidden, out_block[1]), flavor, device)
+    out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=device)
+    spec = make_spec(in_layout, x_block, layout, out_block)
+    return target, LosslessCall(spec, data, in_sf, flavor, out, sf)
+
+
+def run_per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False,
+                                round_sf=False, use_packed_ue8m0=False, target=None, flavor=None, kernel_only=False):
+    target, call = _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
+                            use_packed_ue8m0, target, flavor)
+    if target == "torch":
+        if kernel_only:
+            raise ValueError("per_block_cast_lossless_parallel always runs the kernel; target 'torch' is the "
+                             "reference")
+        out, sf = reference_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
+                                     use_packed_ue8m0, flavor=call.flavor)
+        call.sf.copy_(sf)
+        return call.out.copy_(out), call.sf
+    if not parallel.launch(call, target):
+        raise ValueError("x is not losslessly representable: the SF exponents inside one output block span more "
+                         "than 11 binades (or an SF is negative)")
+    return call.out, call.sf
+
+
+def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False,
+                            round_sf=False, use_packed_ue8m0=False, *, target: str | None = None,
+                            flavor: str | None = None):
+    """Re-quantize FP4 ``x = (data, sf)`` (blocks ``x_block_size``, power-of-two SF) to E4M3 with blocks
+    ``out_block_size``, exactly; returns ``(data, sf)``.
+
+    ``data``: int8 packed FP4 ``(M, K/2)`` with M and K multiples of 128; ``sf``: fp32 powers of
+    two or packed UE8M0, any layout. Block dims are powers of two up to 128 and the output
+    block is a multiple of the input block. ``fmt`` must be ``"e4m3"``. The output SF is fp32
+    or packed UE8M0 (``use_packed_ue8m0``, needs ``round_sf``), row- or column-major.
+    Raises ValueError when an output block's input exponents span more than 11 binades.
+    """
+    return run_per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
+                                       use_packed_ue8m0, target, flavor)

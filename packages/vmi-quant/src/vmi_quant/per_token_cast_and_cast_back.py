@@ -1,0 +1,87 @@
+"""``per_token_cast_and_cast_back``: public dispatch (validation, backend choice).
+
+An in-place quantize-dequantize round trip of every token in groups of
+``num_per_channels`` channels, e.g. to simulate quantization noise. Names and
+parameters follow TileKernels v2; ``target`` and ``flavor`` are vmi's additions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+
+from . import per_token_cast_and_cast_back_parallel as parallel
+from . import reference
+from .config import get_amax_clamp_for_quant
+from .inputs import NUM_PER_CHANNELS, PLAIN_DTYPES, check_fmt, check_matrix, check_sf_options
+from .kernel_common import ScaleRule
+
+
+@dataclass
+class CastAndCastBackCall:
+    """A validated call: the kernel specialisation and the tensor it rewrites."""
+
+    spec: parallel.CastAndCastBackSpec
+    x: torch.Tensor
+    flavor: Flavor
+
+
+def make_spec(in_fmt: str, fmt: str, num_per_channels: int, round_sf: bool,
+              use_e4m3_sf: bool) -> parallel.CastAndCastBackSpec:
+    """The kernel specialisation of validated arguments (the amax clamp is read now)."""
+    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, use_e4m3_sf), round_sf=round_sf, e4m3_sf=use_e4m3_sf)
+    return parallel.CastAndCastBackSpec(in_fmt, fmt, num_per_channels, rule)
+
+
+def _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor) -> tuple[str, CastAndCastBackCall]:
+    check_fmt(fmt)
+    check_matrix(x, "x")
+    if x.dtype not in PLAIN_DTYPES:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    target = resolve_target(x, target)
+    flavor = resolve_flavor(target, flavor)
+    check_sf_options(round_sf, False, use_e4m3_sf)
+    if num_per_channels not in NUM_PER_CHANNELS:
+        raise ValueError(f"num_per_channels must be one of {NUM_PER_CHANNELS}, got {num_per_channels!r}")
+    hidden = x.shape[1]
+    if hidden % 64:
+        raise ValueError(f"the hidden size of x must be a multiple of 64, got {hidden}")
+    if hidden % num_per_channels:
+        raise ValueError(f"the hidden size of x ({hidden}) must be a multiple of num_per_channels "
+                         f"({num_per_channels})")
+    spec = make_spec(PLAIN_DTYPES[x.dtype], fmt, num_per_channels, round_sf, use_e4m3_sf)
+    return target, CastAndCastBackCall(spec, x, flavor)
+
+
+def _reference(call: CastAndCastBackCall, round_sf: bool, use_e4m3_sf: bool) -> None:
+    spec, x = call.spec, call.x
+    block = (1, spec.num_per_channels)
+    quantized = reference.cast(x, spec.fmt, block, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf, flavor=call.flavor)
+    x.copy_(reference.cast_back(quantized, spec.in_fmt, block, flavor=call.flavor))
+
+
+def run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf=False, use_e4m3_sf=False, target=None,
+                                     flavor=None, kernel_only=False) -> None:
+    target, call = _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor)
+    if target == "torch":
+        if kernel_only:
+            raise ValueError("per_token_cast_and_cast_back_parallel always runs the kernel; "
+                             "target 'torch' is the reference")
+        _reference(call, round_sf, use_e4m3_sf)
+        return
+    parallel.launch(call, target)
+
+
+def per_token_cast_and_cast_back(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,
+                                 *, target: str | None = None, flavor: str | None = None) -> None:
+    """Quantize every token in groups of ``num_per_channels`` channels and dequantize it back, in place.
+
+    ``x``: bf16/fp32 ``(M, K)``, unit inner stride (the row stride may exceed K), with
+    ``K`` a multiple of 64 and of ``num_per_channels`` ∈ {16, 32, 64, 128}. ``fmt``:
+    ``"e4m3"`` or ``"e2m1"``. The scale per group is fp32, E4M3 (``use_e4m3_sf``) or a
+    power of two (``round_sf``). Returns None.
+    """
+    run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor)

@@ -1,0 +1,136 @@
+"""``per_token_cast_and_cast_back`` as one parallel-style TileLang kernel for ascend, cuda and cpu.
+
+An in-place quantize-dequantize round trip. Work tiles are ``BLOCK_M`` tokens x
+``BLOCK_K`` channels, handed out round-robin to persistent workers. Token count,
+hidden size and the row stride are runtime values. Per tile:
+
+1. DMA the tile in (row stride = the token stride);
+2. per (token, group): amax of |x| by a per-lane accumulator over the group;
+3. per (token, group): sf (as an fp32 value) and sf_inv from the amax;
+4. per element: ``q = cast(x * sf_inv)``, then ``x = to_input_dtype(float(q) * sf)``;
+5. DMA the tile back to where it came from (partial tiles clamped, so columns past
+   the hidden size of a padded row are never written).
+
+The vector region is SIMT on Ascend: the body needs bit operations, integer
+compares and selects and per-lane serial loops, which TileLang 0.1.15's SIMD
+lowering of ``T.Parallel`` does not accept.
+"""
+
+
+from dataclasses import dataclass
+
+import tilelang.language as T
+
+from vmi_core.compile import cached_kernel, kernel_source
+from vmi_core.cpu_parallel import run_rows
+from vmi_core.formats import bit_view
+from vmi_core.tl import formats as F
+from vmi_core.tl.reduce import segment_reduce
+from vmi_core.tl.shell import SIMT, Shell
+
+from .kernel_common import KERNEL_DTYPE, ScaleRule, decode_code, decode_element, encode, store_scale_value
+
+# A tile covers whole groups (num_per_channels <= 128 divides the hidden size).
+BLOCK_M = 32
+BLOCK_K = 128
+
+
+@dataclass(frozen=True)
+class CastAndCastBackSpec:
+    """Everything a round-trip kernel is specialised on (shapes and strides are runtime values)."""
+
+    in_fmt: str
+    fmt: str
+    num_per_channels: int
+    rule: ScaleRule
+
+
+def build_per_token_cast_and_cast_back(spec: CastAndCastBackSpec, target: str):
+    """The TileLang prim_func of ``spec`` for ``target``."""
+    sh = Shell(target)
+    TK = sh.T
+    npc, fmt, in_fmt = spec.num_per_channels, spec.fmt, spec.in_fmt
+    BM, BK = BLOCK_M, BLOCK_K
+    groups = BK // npc
+    dtype = KERNEL_DTYPE[in_fmt]
+
+    M = TK.dynamic("M")
+    K = TK.dynamic("K")
+    x_stride = TK.dynamic("x_stride")
+
+    def abs_value(x, k0, i, col):
+        # Columns past the hidden size (a partial last tile) hold no data.
+        return T.Select(k0 + col < K, F.abs_bits(decode_element(in_fmt, x, i, col)), F.u32(0))
+
+    def round_trip(x, sf_val, sf_inv, i, j):
+        code = encode(fmt, decode_element(in_fmt, x, i, j) * sf_inv[i, j // npc])
+        back = decode_code(fmt, code) * sf_val[i, j // npc]
+        return back if in_fmt == "fp32" else F.f32_to_bf16(back)
+
+    @T.macro
+    def compute_scales(x, k0, amax, sf_val, sf_inv):
+        segment_reduce(amax, BM, groups, npc, lambda i, col: abs_value(x, k0, i, col), "max", F.u32(0))
+        for i, g in T.Parallel(BM, groups):
+            store_scale_value(spec.rule, amax[i, g], sf_val, sf_inv, i, g)
+
+    @T.macro
+    def cast_and_cast_back(x, sf_val, sf_inv):
+        for i, j in T.Parallel(BM, BK):
+            x[i, j] = round_trip(x, sf_val, sf_inv, i, j)
+
+    @TK.prim_func
+    def per_token_cast_and_cast_back_kernel(
+        X: TK.StridedTensor((M, K), (x_stride, 1), dtype),
+        x_stride: TK.int32,
+    ):
+        with sh.persistent_kernel() as worker:
+            for tm, tk in sh.tiles([T.ceildiv(M, BM), T.ceildiv(K, BK)], worker, group_size=T.ceildiv(K, BK)):
+                # Scalars, not let bindings: TileLang would inline the tile index math into every access.
+                row0 = T.alloc_var("int32")
+                k0 = T.alloc_var("int32")
+                row0 = tm * BM
+                k0 = tk * BK
+                x = sh.tile((BM, BK), dtype)
+                amax = sh.tile((BM, groups), "uint32")
+                sf_val = sh.tile((BM, groups), "float32")
+                sf_inv = sh.tile((BM, groups), "float32")
+                sh.buffer_versions({x: 2})
+                sh.copy(X[row0, k0], x)
+                with sh.vector(SIMT):
+                    compute_scales(x, k0, amax, sf_val, sf_inv)
+                    cast_and_cast_back(x, sf_val, sf_inv)
+                sh.copy(x, X[row0, k0])
+
+    return per_token_cast_and_cast_back_kernel
+
+
+def per_token_cast_and_cast_back_source(spec: CastAndCastBackSpec, target: str) -> str:
+    """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
+    return kernel_source(build_per_token_cast_and_cast_back, spec, target)
+
+
+def launch(call, target: str) -> None:
+    """Run a validated call (``vmi_quant.per_token_cast_and_cast_back.CastAndCastBackCall``) on ``target``."""
+    x = call.x
+    if x.shape[0] == 0:
+        return
+    kernel = cached_kernel(build_per_token_cast_and_cast_back, call.spec, target)
+    bits = bit_view(x)
+
+    def run(start: int, stop: int) -> None:
+        kernel(bits[start:stop], bits.stride(0))
+
+    if target == "cpu":
+        run_rows(run, x.shape[0], align=BLOCK_M, min_rows=4 * BLOCK_M)
+    else:
+        run(0, x.shape[0])
+
+
+def per_token_cast_and_cast_back_parallel(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,
+                                          *, target: str | None = None, flavor: str | None = None):
+    """``per_token_cast_and_cast_back`` that always runs the parallel kernel (same arguments)."""
+    # The dispatch module imports this one; by call time both are loaded.
+    from .per_token_cast_and_cast_back import run_per_token_cast_and_cast_back
+
+    run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor,
+                                     kernel_only=True)

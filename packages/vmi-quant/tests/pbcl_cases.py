@@ -1,0 +1,42 @@
+"""The per_block_cast_lossless configuration matrices shared by the run and lowering tests."""
+
+from __future__ import annotations
+
+import itertools
+
+SF_MODES = {
+    # name: (use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    "fp32-row": (False, True, False),
+    "fp32-col": (True, True, False),
+    "packed-row": (False, True, True),
+    "packed-col": (True, True, True),
+}
+
+# (x_block_size, x SF mode, out_block_size, out SF mode, flavor): every SF mode on both sides,
+# per-token, 2-D and per-channel (packed along tokens) input blocks, both flavors.
+COVERING = [
+    ((1, 32), "fp32-row", (32, 32), "fp32-row", "ascend"),
+    ((1, 32), "packed-col", (128, 128), "packed-col", "cuda"),
+    ((1, 32), "packed-col", (1, 128), "fp32-row", "ascend"),
+    ((1, 32), "fp32-row", (32, 32), "packed-col", "cuda"),
+    ((32, 32), "packed-row", (128, 128), "fp32-col", "ascend"),
+    ((32, 1), "packed-row", (32, 32), "packed-row", "cuda"),
+]
+FULL = [case for case in (
+    (x_block, x_mode, out_block, out_mode, ("ascend", "cuda")[index % 2])
+    for index, ((x_block, out_block), x_mode, out_mode) in enumerate(itertools.product(
+        [((1, 32), (1, 128)), ((1, 32), (32, 32)), ((1, 32), (128, 128)), ((32, 32), (128, 128)),
+         ((1, 16), (64, 64))],
+        ("fp32-row", "packed-col"), ("fp32-row", "packed-col")))
+    ) if case not in COVERING]
+LOWERING = [COVERING[1]]
+CUDA_LOWERING = [COVERING[3]]
+
+
+def case_id(case) -> str:
+    return "-".join("x".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in case)
+
+
+def sf_options(sf_mode: str) -> dict:
+    col_major, round_sf, packed = SF_MODES[sf_mode]
+    return dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed)

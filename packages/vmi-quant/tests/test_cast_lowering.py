@@ -1,0 +1,86 @@
+"""cast and cast_back lower for ascend and cuda in every default configuration.
+
+Ascend: the generated AscendC moves each work tile with one DMA in and one DMA out
+and has exactly the vector regions the README's "differences by target" table
+lists: one SIMT region per work tile and no SIMD region; a same-format cast has
+no vector region at all (DMA in, DMA out). CUDA: the source compiles with nvcc
+for an explicit arch.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, CAST_SPECS, case_id, cast_back_spec
+
+from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_quant.cast_back_parallel import cast_back_source
+from vmi_quant.cast_parallel import CastSpec, cast_source
+
+
+def _cast_id(spec: CastSpec) -> str:
+    return f"{spec.in_fmt}-{spec.out_fmt}" + ("-sr" if spec.stochastic else "")
+
+
+@pytest.mark.parametrize("spec", CAST_SPECS, ids=_cast_id)
+def test_cast_ascend_lowering(spec):
+    src = cast_source(spec, "ascend")
+    assert "__global__ __vector__ void cast_kernel" in src
+    # Same format: DMA in, DMA out, nothing to compute. Otherwise one SIMT region (README exception).
+    assert_vector_regions(src, simd=0, simt=0 if spec.copy_only else 1)
+    assert dma_counts(src) == (1, 1), "one DMA in and one DMA out per work tile"
+    assert "block_idx" in src, "persistent scheduling over the vector cores"
+
+
+@pytest.mark.parametrize("case", CAST_BACK_COVERING, ids=case_id)
+def test_cast_back_ascend_lowering(case):
+    src = cast_back_source(cast_back_spec(*case), "ascend")
+    assert "__global__ __vector__ void cast_back_kernel" in src
+    # One SIMT region per work tile: the SF gather and the dequantization (README exception).
+    assert_vector_regions(src, simd=0, simt=1)
+    assert dma_counts(src) == (1, 1), "one DMA in and one DMA out per work tile"
+    assert "block_idx" in src, "persistent scheduling over the vector cores"
+
+
+# The flavor of an unpacked SF changes only runtime strides: one lowering per distinct kernel.
+COVERING_SPECS = {cast_back_spec(*case) for case in CAST_BACK_COVERING}
+FULL_SPECS = [spec for spec in dict.fromkeys(cast_back_spec(*case) for case in CAST_BACK_FULL)
+              if spec not in COVERING_SPECS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", FULL_SPECS, ids=lambda s: case_id((s.in_fmt, s.out_fmt, s.sf_layout.kind,
+                                                                    s.sf_layout.pack, s.sf_layout.col_major,
+                                                                    (s.block_m, s.block_k))))
+def test_cast_back_ascend_lowering_full(spec):
+    assert_vector_regions(cast_back_source(spec, "ascend"), simd=0, simt=1)
+
+
+CUDA_CAST = [CastSpec("fp32", "e4m3", True), CastSpec("e4m3", "bf16"), CastSpec("bf16", "bf16")]
+CUDA_CAST_BACK = [CAST_BACK_COVERING[i] for i in (1, 2, 10)]
+CUDA_SOURCES = ([(_cast_id(s), lambda s=s: cast_source(s, "cuda"), "cast_kernel") for s in CUDA_CAST]
+                + [(case_id(c), lambda c=c: cast_back_source(cast_back_spec(*c), "cuda"), "cast_back_kernel")
+                   for c in CUDA_CAST_BACK])
+
+
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("name,source,kernel", CUDA_SOURCES, ids=[n for n, _, _ in CUDA_SOURCES])
+def test_cuda_lowering_compiles(name, source, kernel):
+    src = source()
+    assert "__global__ void" in src and kernel in src
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    nvcc_compile(src)
+
+
+ALL_CUDA = ([(_cast_id(s), lambda s=s: cast_source(s, "cuda")) for s in CAST_SPECS]
+            + [(case_id(c), lambda c=c: cast_back_source(cast_back_spec(*c), "cuda")) for c in CAST_BACK_COVERING])
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("name,source", ALL_CUDA, ids=[n for n, _ in ALL_CUDA])
+def test_cuda_lowering_compiles_all(name, source):
+    src = source()
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    nvcc_compile(src)

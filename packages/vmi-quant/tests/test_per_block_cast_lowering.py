@@ -1,0 +1,77 @@
+"""per_block_cast lowers for ascend and cuda.
+
+Ascend: the generated AscendC loads the tile by DMA, runs one SIMT region per work tile
+(the README's "differences by target" entry; no SIMD region) and stores the data tile by DMA
+(none in sf-only mode). CUDA: the source compiles with nvcc for an explicit arch.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pbc_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
+
+from vmi_core.sf_layout import SFLayout
+from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.targets import get_flavor
+from vmi_quant.per_block_cast import make_spec
+from vmi_quant.per_block_cast_parallel import per_block_cast_source
+
+
+def _spec(in_dtype, fmt, block, sf_mode, col_major, flavor, mode="cast"):
+    round_sf, packed = SF_MODES[sf_mode]
+    layout = SFLayout.of(get_flavor(flavor), packed=packed, col_major=col_major, block_k=block[1])
+    return make_spec(in_dtype, fmt, block, mode, layout, round_sf)
+
+
+def _check_ascend(spec):
+    src = per_block_cast_source(spec, "ascend")
+    assert "__global__ __vector__ void per_block_cast_kernel" in src
+    assert_vector_regions(src, simd=0, simt=1)
+    assert dma_counts(src) == (1, 0 if spec.mode == "sf_only" else 1)
+    assert "block_idx" in src
+
+
+MODE_CASES = [
+    ("sf-only", _spec("bf16", "e4m3", (128, 32), "packed", True, "ascend", mode="sf_only")),
+    ("cast-only", _spec("bf16", "e4m3", (32, 128), "fp32", False, "ascend", mode="cast_only")),
+]
+
+
+@pytest.mark.parametrize("case", LOWERING, ids=case_id)
+def test_ascend_lowering(case):
+    _check_ascend(_spec(*case))
+
+
+@pytest.mark.parametrize("name,spec", MODE_CASES, ids=[n for n, _ in MODE_CASES])
+def test_ascend_lowering_modes(name, spec):
+    _check_ascend(spec)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in COVERING if c not in LOWERING], ids=case_id)
+def test_ascend_lowering_full(case):
+    _check_ascend(_spec(*case))
+
+
+def _check_cuda(spec):
+    src = per_block_cast_source(spec, "cuda")
+    assert "__global__ void" in src and "per_block_cast_kernel" in src
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    nvcc_compile(src)
+
+
+CUDA_CASES = [(case_id(c), _spec(*c)) for c in CUDA_LOWERING] + [MODE_CASES[0]]
+
+
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("name,spec", CUDA_CASES, ids=[n for n, _ in CUDA_CASES])
+def test_cuda_lowering_compiles(name, spec):
+    _check_cuda(spec)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("case", [c for c in COVERING if c not in CUDA_LOWERING], ids=case_id)
+def test_cuda_lowering_compiles_all(case):
+    _check_cuda(_spec(*case))
