@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.compile import compile_kernel, kernel_cache, lower
+from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import run_rows
 from vmi_core.sf_layout import SFLayout
 from vmi_core.tl import formats as F
@@ -154,12 +154,7 @@ def _kernel_config(spec: CastBackSpec) -> dict:
 
 def cast_back_source(spec: CastBackSpec, target: str) -> str:
     """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
-    return lower(build_cast_back(spec, target), target, **_kernel_config(spec))
-
-
-def _compiled(spec: CastBackSpec, target: str):
-    return kernel_cache.get(("cast_back", spec, target),
-                            lambda: compile_kernel(build_cast_back(spec, target), target, **_kernel_config(spec)))
+    return kernel_source(build_cast_back, spec, target, **_kernel_config(spec))
 
 
 def launch(call, target: str) -> None:
@@ -168,7 +163,7 @@ def launch(call, target: str) -> None:
     num_tokens, hidden = call.out.shape
     if num_tokens == 0 or hidden == 0:
         return
-    kernel = _compiled(spec, target)
+    kernel = cached_kernel(build_cast_back, spec, target, **_kernel_config(spec))
     x = call.data.view(torch.uint8)
     out = call.out.view(torch.uint16) if spec.out_fmt == "bf16" else call.out
     layout = spec.sf_layout

@@ -23,10 +23,10 @@ chunk the quad index it starts at, the stochastic-rounding counter, mod 2^32.
 from dataclasses import dataclass
 
 import tilelang.language as T
-import torch
 
-from vmi_core.compile import compile_kernel, kernel_cache, lower
+from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import run_rows
+from vmi_core.formats import bit_view
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.stochastic import sr_mix, sr_random16, stochastic_round
@@ -157,22 +157,7 @@ def _kernel_config(spec: CastSpec) -> dict:
 
 def cast_source(spec: CastSpec, target: str) -> str:
     """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
-    return lower(build_cast(spec, target), target, **_kernel_config(spec))
-
-
-def _compiled(spec: CastSpec, target: str):
-    return kernel_cache.get(("cast", spec, target),
-                            lambda: compile_kernel(build_cast(spec, target), target, **_kernel_config(spec)))
-
-
-def _flat_bits(t: torch.Tensor) -> torch.Tensor:
-    """The flat view a kernel takes: fp32 as is, bf16 and E4M3 as integer bit patterns."""
-    flat = t.view(-1)
-    if t.dtype == torch.bfloat16:
-        return flat.view(torch.uint16)
-    if t.dtype == torch.float8_e4m3fn:
-        return flat.view(torch.uint8)
-    return flat
+    return kernel_source(build_cast, spec, target, **_kernel_config(spec))
 
 
 def quad_base(start: int) -> int:
@@ -187,8 +172,8 @@ def launch(call, target: str) -> None:
     n = call.x.numel()
     if n == 0:
         return
-    kernel = _compiled(spec, target)
-    x, out = _flat_bits(call.x), _flat_bits(call.out)
+    kernel = cached_kernel(build_cast, spec, target, **_kernel_config(spec))
+    x, out = bit_view(call.x.view(-1)), bit_view(call.out.view(-1))
 
     def run(start: int, stop: int) -> None:
         for lo in range(start, stop, CHUNK):
