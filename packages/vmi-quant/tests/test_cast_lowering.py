@@ -41,9 +41,10 @@ def test_cast_back_ascend_lowering(case):
     assert "block_idx" in src, "persistent scheduling over the vector cores"
 
 
-# The flavor of an unpacked SF changes only runtime strides: one lowering per distinct kernel.
+# The flavor of an unpacked SF changes only runtime strides: one lowering per distinct kernel; and the
+# ascend target always runs the ascend flavor, so cuda-flavor packed words (int32) are not lowered for it.
 COVERING_SPECS = {cast_back_spec(*case) for case in CAST_BACK_COVERING}
-FULL_SPECS = [spec for spec in dict.fromkeys(cast_back_spec(*case) for case in CAST_BACK_FULL)
+FULL_SPECS = [spec for spec in dict.fromkeys(cast_back_spec(*case) for case in CAST_BACK_FULL if case[5] == "ascend")
               if spec not in COVERING_SPECS]
 
 

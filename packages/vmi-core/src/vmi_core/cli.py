@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -137,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Compile progress is TileLang's INFO chatter; the command prints its own results.
+    logging.getLogger("tilelang").setLevel(logging.WARNING)
     ops = discover()
     handlers = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "source": cmd_source}
     try:
