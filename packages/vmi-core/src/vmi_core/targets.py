@@ -7,8 +7,8 @@ chosen by default.
 
 A *flavor* is a set of bit conventions: where TileKernels gives different bits
 per platform (packed UE8M0 word width, TMA column-major SF padding, the
-multiplication order for pre-quantized inputs), an op follows the flavor of its
-target. ``cpu`` defaults to the ``ascend`` flavor and can run the ``cuda`` one.
+multiplication order for pre-quantized inputs, the MoE gate's summation order and
+quotient check), an op follows the flavor of its target. ``cpu`` defaults to the ``ascend`` flavor and can run the ``cuda`` one.
 """
 
 from __future__ import annotations
@@ -42,6 +42,15 @@ class Flavor:
     # Re-quantizing a pre-quantized input: ``fl(fl(q * s_in) * sf_inv)`` when
     # True (Ascend), ``fl(q * fl(s_in * sf_inv))`` when False (CUDA).
     dequant_before_scale: bool
+    # MoE gate: the order of the K-term denominator sums of ``normalize_weight`` and
+    # the gate, "sequential" (left to right, one lane) or "butterfly" (32-lane xor
+    # butterfly, as warp shuffles give it); and whether ``w / D`` is forced to the
+    # correctly rounded quotient by a residual check (the device division is not).
+    gate_sum_order: str = "sequential"
+    gate_quotient_check: bool = False
+    # MoE gate backward, auxiliary term: ``h*inv + (-(<h,u>*inv*inv))`` (expanded) or
+    # ``(h - <h,u>*inv) * inv``.
+    gate_aux_expanded: bool = False
 
     def col_major_align(self, elem_bytes: int) -> int:
         """Storage-row alignment of a column-major SF, in elements."""
@@ -49,9 +58,10 @@ class Flavor:
 
 
 ASCEND = Flavor("ascend", ue8m0_pack=2, ue8m0_word_dtype=torch.int16, col_major_align_bytes=1,
-                dequant_before_scale=True)
+                dequant_before_scale=True, gate_sum_order="sequential", gate_quotient_check=True,
+                gate_aux_expanded=True)
 CUDA = Flavor("cuda", ue8m0_pack=4, ue8m0_word_dtype=torch.int32, col_major_align_bytes=16,
-              dequant_before_scale=False)
+              dequant_before_scale=False, gate_sum_order="butterfly", gate_quotient_check=False)
 _FLAVORS = {"ascend": ASCEND, "cuda": CUDA}
 
 

@@ -38,12 +38,21 @@ def sr_mix(b0, b1, b2, b3, counter):
     return h ^ (h >> u32(16))
 
 
+_WORD_MULTIPLIERS = (0x846CA68B, 0xD35A2D97)
+
+
+@T.macro
+def sr_word(h, w: int):
+    """The 32-bit random word ``r0`` (``w = 0``) or ``r1`` (``w = 1``) of the hash ``h``."""
+    r = T.alloc_var("uint32")
+    r = h * u32(_WORD_MULTIPLIERS[w])
+    return r ^ (r >> u32(11))
+
+
 @T.macro
 def sr_random16(h, p: int):
     """The 16-bit random number of element ``p`` (0..3, a Python int) of the quad hashed to ``h``."""
-    r = T.alloc_var("uint32")
-    r = h * u32(0x846CA68B if p < 2 else 0xD35A2D97)
-    return ((r ^ (r >> u32(11))) >> u32(16 * (p % 2))) & u32(0xFFFF)
+    return (sr_word(h, p // 2) >> u32(16 * (p % 2))) & u32(0xFFFF)
 
 
 def stochastic_round(x, r16, fmt: str):

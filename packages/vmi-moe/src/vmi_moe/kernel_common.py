@@ -1,0 +1,134 @@
+"""Kernel pieces shared by the MoE routing kernels.
+
+Every MoE kernel gives one lane one token: the lane walks its row of experts
+serially (per-lane accumulators, strict ``>`` scans), so ties, summation order and
+rounding are fixed by the body and identical on every target. Rows of a work tile
+live in on-chip tiles whose rows are padded to 8 elements (32 bytes, the Ascend DMA
+granule); DMA clamps the padding and the last tile's missing rows.
+
+int64 tensors (expert indices) travel as int32 pairs (little-endian: low word,
+then high word), so no kernel does 64-bit arithmetic.
+
+Bad data that only a kernel sees (non-finite logits, out-of-range fixed indices,
+replica counts outside the map) sets a word of a small ``status`` tensor; the
+dispatch raises after the launch. Lanes only ever write 1 there, so concurrent
+writes agree.
+"""
+
+
+import tilelang.language as T
+
+from vmi_core.tl import formats as F
+from vmi_core.tl.softplus import fma
+
+# Tokens per work tile; smaller for wide rows so that double-buffered row tiles fit the UB.
+BLOCK_M = 32
+BLOCK_M_WIDE = 16
+WIDE_ROW = 256
+# The denominator's epsilon: turns an all-zero row's 0/0 into 0.
+DENOM_EPS = 1e-20
+# The lane count of the butterfly summation order (a CUDA warp).
+BUTTERFLY_LANES = 32
+
+# Words of the status tensor.
+STATUS_NONFINITE = 0
+STATUS_BAD_INDEX = 1
+STATUS_BAD_COUNT = 2
+STATUS_WORDS = 4
+
+_NEG_INF_BITS = 0xFF800000
+_F32_MAX_BITS = 0x7F7FFFFF
+
+
+def padded(n: int) -> int:
+    """``n`` rounded up to whole 32-byte rows of 4-byte elements."""
+    return (n + 7) // 8 * 8
+
+
+def row_chunks(start: int, stop: int, row_elems: int):
+    """``[lo, hi)`` row ranges covering ``[start, stop)`` whose element offsets fit int32."""
+    step = max(1, (2**31 - 1) // max(1, padded(row_elems)) - BLOCK_M)
+    return [(lo, min(lo + step, stop)) for lo in range(start, stop, step)]
+
+
+def block_m(row_elems: int) -> int:
+    """Tokens per work tile for rows of ``row_elems`` fp32 values."""
+    return BLOCK_M if padded(row_elems) <= WIDE_ROW else BLOCK_M_WIDE
+
+
+def neg_inf():
+    return F.f32_from_bits(F.u32(_NEG_INF_BITS))
+
+
+def is_nonfinite(x):
+    """NaN or +-inf, from the bit pattern (no float compare a compiler could drop)."""
+    return F.abs_bits(x) > F.u32(_F32_MAX_BITS)
+
+
+@T.macro
+def take_max(key, i, n: int):
+    """The column of the largest ``key[i, :n]`` (the lowest one among equals); it becomes -inf.
+
+    A strict ``>`` scan in increasing column order keeps the first maximum. Finite keys
+    never tie with the -inf of columns taken before.
+    """
+    best = T.alloc_var("float32")
+    arg = T.alloc_var("int32")
+    best = neg_inf()
+    arg = 0
+    for e in T.serial(n):
+        arg = T.Select(key[i, e] > best, e, arg)
+        best = T.Select(key[i, e] > best, key[i, e], best)
+    key[i, arg] = neg_inf()
+    return arg
+
+
+def ordered_sum(value, k: int, order: str):
+    """``value(0) + ... + value(k-1)`` as one expression tree in the flavor's order.
+
+    ``sequential``: left to right. ``butterfly``: the 32-lane xor butterfly (masks 16,
+    8, 4, 2, 1; lanes past ``k`` hold 0), whose lane 0 is what a warp reduction leaves;
+    e.g. ``k = 6`` gives ``((v0 + v4) + v2) + ((v1 + v5) + v3)``. The parenthesisation
+    is the rounding order: no target reassociates fp32 adds.
+    """
+    terms = [value(j) for j in range(k)]
+    if order == "sequential":
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
+    mask = BUTTERFLY_LANES // 2
+    while mask:
+        for j in range(min(mask, k)):
+            if j + mask < k:
+                terms[j] = terms[j] + terms[j + mask]
+        mask //= 2
+    return terms[0]
+
+
+@T.macro
+def quotient(w, d, checked: bool):
+    """``w / d`` (``w, d >= 0``), correctly rounded.
+
+    With ``checked`` (devices whose division is only nearly correct) the quotient is
+    replaced by its lower or upper neighbour when that one's exact residual
+    ``|fma(q', -d, w)|`` is smaller; the lower neighbour wins ties, the upper one must be
+    strictly better. Where division is IEEE this changes nothing.
+    """
+    q = T.alloc_var("float32")
+    q = w / d
+    if checked:
+        lower = T.alloc_var("float32")
+        upper = T.alloc_var("float32")
+        best = T.alloc_var("float32")
+        err = T.alloc_var("float32")
+        if F.f32_bits(q) > F.u32(0):
+            lower = F.f32_from_bits(F.f32_bits(q) - F.u32(1))
+            upper = F.f32_from_bits(F.f32_bits(q) + F.u32(1))
+            best = lower
+            err = T.abs(fma(lower, -d, w))
+            best = T.Select(T.abs(fma(q, -d, w)) < err, q, best)
+            err = T.min(err, T.abs(fma(q, -d, w)))
+            best = T.Select(T.abs(fma(upper, -d, w)) < err, upper, best)
+            q = best
+    return q

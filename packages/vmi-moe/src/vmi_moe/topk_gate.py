@@ -1,0 +1,65 @@
+"""``topk_gate``: public dispatch (validation, allocation, backend choice).
+
+Plain top-k over expert scores: row-wise, the ``num_topk`` largest scores in
+descending order, equal scores by ascending expert index. Names and parameters
+follow TileKernels v2; ``target`` and ``flavor`` are vmi's additions (see
+vmi_core.targets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vmi_core.targets import resolve_flavor, resolve_target
+
+from . import topk_gate_parallel as parallel
+from .inputs import check_tensor, check_topk, new_status, raise_status
+from .reference import topk as reference
+
+
+@dataclass
+class TopkGateCall:
+    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+
+    spec: parallel.TopkGateSpec
+    scores: torch.Tensor
+    topk_idx: torch.Tensor
+    status: torch.Tensor
+
+
+def run_topk_gate(scores, num_topk, target, flavor, kernel_only=False):
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    target = resolve_target(scores, target)
+    # No bit of topk_gate depends on the flavor; the argument is still checked like every op's.
+    resolve_flavor(target, flavor)
+    check_tensor(scores, "scores", torch.float32, (None, None))
+    num_tokens, num_experts = scores.shape
+    if num_experts == 0:
+        raise ValueError("scores must have at least one expert column")
+    num_topk = check_topk(num_topk, num_experts)
+    if target == "torch":
+        if kernel_only:
+            raise ValueError("topk_gate_parallel always runs the kernel; target 'torch' is the reference")
+        return reference.topk_gate(scores, num_topk)
+    topk_idx = torch.empty(num_tokens, num_topk, dtype=torch.int64, device=scores.device)
+    if num_tokens == 0:
+        return topk_idx
+    call = TopkGateCall(parallel.TopkGateSpec(num_experts, num_topk), scores, topk_idx, new_status(scores.device))
+    parallel.launch(call, target)
+    raise_status(call.status, "scores")
+    return topk_idx
+
+
+def topk_gate(scores: torch.Tensor, num_topk: int, *, target: str | None = None,
+              flavor: str | None = None) -> torch.Tensor:
+    """Indices (int64 ``[T, num_topk]``) of each row's ``num_topk`` largest scores.
+
+    ``scores``: contiguous fp32 ``[T, E]``; ``1 <= num_topk <= min(E, 32)``. Rank order:
+    descending score, equal scores by ascending index. Every score of every row must be
+    finite: NaN and +-inf (-inf too; exclude an expert with a very negative finite
+    score) raise ``ValueError`` after the kernel ran.
+    """
+    return run_topk_gate(scores, num_topk, target, flavor)
