@@ -24,7 +24,7 @@ def check_tensor(t, name: str, dtype: torch.dtype, shape: tuple, device: torch.d
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
         raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape)):
+    if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape, strict=True)):
         want = tuple("*" if s is None else s for s in shape)
         raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
     if device is not None and t.device != device:

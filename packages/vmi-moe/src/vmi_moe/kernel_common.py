@@ -83,15 +83,16 @@ def take_max(key, i, n: int):
     return arg
 
 
-def ordered_sum(value, k: int, order: str):
-    """``value(0) + ... + value(k-1)`` as one expression tree in the flavor's order.
+def ordered_sum(terms: list, order: str):
+    """``terms[0] + ... + terms[k-1]`` (``k <= 32``) as one expression tree in the flavor's order.
 
     ``sequential``: left to right. ``butterfly``: the 32-lane xor butterfly (masks 16,
     8, 4, 2, 1; lanes past ``k`` hold 0), whose lane 0 is what a warp reduction leaves;
     e.g. ``k = 6`` gives ``((v0 + v4) + v2) + ((v1 + v5) + v3)``. The parenthesisation
     is the rounding order: no target reassociates fp32 adds.
     """
-    terms = [value(j) for j in range(k)]
+    terms = list(terms)
+    k = len(terms)
     if order == "sequential":
         total = terms[0]
         for term in terms[1:]:

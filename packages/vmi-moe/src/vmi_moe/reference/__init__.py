@@ -1,0 +1,17 @@
+"""PyTorch reference (oracle) of the MoE routing ops."""
+
+from vmi_moe.reference.backward import moe_topk_gate_backward
+from vmi_moe.reference.gate import force_random_route, moe_topk_gate_forward, resolve_collisions
+from vmi_moe.reference.normalize import denominator, normalize_weight
+from vmi_moe.reference.topk import stable_topk, topk_gate
+
+__all__ = [
+    "denominator",
+    "force_random_route",
+    "moe_topk_gate_backward",
+    "moe_topk_gate_forward",
+    "normalize_weight",
+    "resolve_collisions",
+    "stable_topk",
+    "topk_gate",
+]
