@@ -1,8 +1,35 @@
 """vmi-moe: MoE routing ops as TileLang kernels.
 
 Each op is one TileLang kernel body lowered for ``ascend``, ``cuda`` and ``cpu``
-and checked against a PyTorch reference. The ops are being added; this release
-provides the package and its version only.
+and checked against a PyTorch reference (``vmi_moe.reference``):
+
+* ``topk_gate`` — plain top-k over expert scores, ties to the lowest index;
+* ``normalize_weight`` — ``w / (sum(w) + 1e-20)`` in the gate's summation order;
+* ``moe_topk_gate_forward`` (alias ``moe_topk_gate``) — the sqrt-softplus gate with
+  bias, shared experts, fixed and force-random routing and replica mapping;
+* ``moe_topk_gate_backward`` — its gradient, with the sequence-level auxiliary term;
+* ``MoETopkGate`` / ``moe_topk_gate_autograd`` — the gate as an autograd function.
+
+Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu`` or the reference ``torch``)
+and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
+entry points always run the kernel.
 """
 
+from vmi_moe.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward
+from vmi_moe.moe_topk_gate_parallel import moe_topk_gate_forward_parallel
+from vmi_moe.normalize_weight import normalize_weight
+from vmi_moe.normalize_weight_parallel import normalize_weight_parallel
+from vmi_moe.topk_gate import topk_gate
+from vmi_moe.topk_gate_parallel import topk_gate_parallel
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "moe_topk_gate",
+    "moe_topk_gate_forward",
+    "moe_topk_gate_forward_parallel",
+    "normalize_weight",
+    "normalize_weight_parallel",
+    "topk_gate",
+    "topk_gate_parallel",
+]

@@ -339,3 +339,18 @@ def launch(call, target: str) -> None:
         run_rows(run, num_tokens, align=block_m(spec.num_experts), min_rows=256)
     else:
         run(0, num_tokens)
+
+
+def moe_topk_gate_forward_parallel(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
+                                   ep_rank, scoring_func="sqrtsoftplus", mask=None, bias=None, image_bias=None,
+                                   image_token_mask=None, fix_routing_mask=None, to_physical_map=None,
+                                   logical_count=None, unmapped_topk_idx=None, force_random=None, out=None,
+                                   scores=None, *, target: str | None = None, flavor: str | None = None):
+    """``moe_topk_gate_forward`` that always runs the parallel kernel (same arguments)."""
+    # The dispatch module imports this one; by call time both are loaded.
+    from .moe_topk_gate import run_moe_topk_gate
+
+    return run_moe_topk_gate((logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
+                              ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
+                              to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores),
+                             target, flavor, kernel_only=True)

@@ -61,7 +61,8 @@ def build_normalize_weight(spec: NormalizeWeightSpec, target: str):
                 sh.copy(W[row0, 0], w)
                 with sh.vector(SIMT):
                     for i in T.Parallel(BM):
-                        d[i] = ordered_sum([w[i, col] for col in range(K)], flavor.gate_sum_order) + f32_const(DENOM_EPS)
+                        d[i] = ordered_sum([w[i, col] for col in range(K)], flavor.gate_sum_order) \
+                            + f32_const(DENOM_EPS)
                         for j in T.serial(K):
                             n[i, j] = quotient(w[i, j], d[i], flavor.gate_quotient_check)
                 sh.copy(d, DEN[row0])

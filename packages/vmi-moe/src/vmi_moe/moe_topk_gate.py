@@ -1,0 +1,214 @@
+"""``moe_topk_gate_forward`` (alias ``moe_topk_gate``): public dispatch.
+
+Validation, allocation and backend choice of the sqrt-softplus top-k gate. Names
+and parameters follow TileKernels v2; ``target`` and ``flavor`` are vmi's additions
+(see vmi_core.targets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vmi_core.targets import resolve_flavor, resolve_target
+
+from . import moe_topk_gate_parallel as parallel
+from .inputs import (
+    check_bool,
+    check_float,
+    check_int,
+    check_scoring_func,
+    check_tensor,
+    check_topk,
+    new_status,
+    raise_status,
+)
+from .reference import gate as reference
+
+# ep_rank enters the replica choice and the random draws as an int32.
+MAX_EP_RANK = 2**31 - 1
+
+
+@dataclass
+class GateCall:
+    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+
+    spec: parallel.GateSpec
+    logits: torch.Tensor
+    mask: torch.Tensor | None
+    bias: torch.Tensor | None
+    image_bias: torch.Tensor | None
+    image_token_mask: torch.Tensor | None
+    fix_routing_mask: torch.Tensor | None
+    to_physical_map: torch.Tensor | None
+    logical_count: torch.Tensor | None
+    unmapped: torch.Tensor | None
+    force_random: torch.Tensor | None
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+    scores: torch.Tensor | None
+    status: torch.Tensor
+    ep_rank: int
+    routed_scaling_factor: float
+
+
+def _token_flags(t, name: str, num_tokens: int, device) -> torch.Tensor | None:
+    """A per-token bool tensor (any shape with ``num_tokens`` elements), flattened."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.bool:
+        raise TypeError(f"{name} must be torch.bool, got {t.dtype}")
+    if t.numel() != num_tokens:
+        raise ValueError(f"{name} must have one element per token ({num_tokens}), got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
+    return t.reshape(-1)
+
+
+def _prepare(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank,
+             scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
+             logical_count, unmapped_topk_idx, force_random, out, scores, target, flavor):
+    check_scoring_func("moe_topk_gate_forward", scoring_func)
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    target = resolve_target(logits, target)
+    flavor = resolve_flavor(target, flavor)
+    check_tensor(logits, "logits", torch.float32, (None, None))
+    num_tokens, num_experts = logits.shape
+    device = logits.device
+    if num_experts == 0:
+        raise ValueError("logits must have at least one expert column")
+    num_topk = check_topk(num_topk, num_experts)
+    use_shared_as_routed = check_bool(use_shared_as_routed, "use_shared_as_routed")
+    num_shared = check_int(num_shared_experts, "num_shared_experts", 0)
+    if not use_shared_as_routed:
+        num_shared = 0
+    elif num_shared not in (1, 2):
+        raise ValueError(f"num_shared_experts must be 1 or 2 with use_shared_as_routed, got {num_shared}")
+    scale = check_float(routed_scaling_factor, "routed_scaling_factor")
+    ep_rank = check_int(ep_rank, "ep_rank", 0, MAX_EP_RANK)
+    num_physical_topk, num_logical = num_topk + num_shared, num_experts + num_shared
+
+    if bias is not None:
+        check_tensor(bias, "bias", torch.float32, (num_experts,), device)
+    if (image_bias is None) != (image_token_mask is None):
+        raise ValueError("image_bias and image_token_mask must be given together")
+    if image_bias is not None:
+        check_tensor(image_bias, "image_bias", torch.float32, (num_experts,), device)
+    mask = _token_flags(mask, "mask", num_tokens, device)
+    image_token_mask = _token_flags(image_token_mask, "image_token_mask", num_tokens, device)
+    fix_routing_mask = _token_flags(fix_routing_mask, "fix_routing_mask", num_tokens, device)
+    force_random = _token_flags(force_random, "force_random", num_tokens, device)
+    if (to_physical_map is None) != (logical_count is None):
+        raise ValueError("to_physical_map and logical_count must be given together")
+    num_replicas = 1
+    if to_physical_map is not None:
+        check_tensor(to_physical_map, "to_physical_map", torch.int32, (num_logical, None), device)
+        num_replicas = to_physical_map.shape[1]
+        if num_replicas == 0:
+            raise ValueError("to_physical_map must have at least one replica column")
+        check_tensor(logical_count, "logical_count", torch.int32, (num_logical,), device)
+    if unmapped_topk_idx is not None:
+        check_tensor(unmapped_topk_idx, "unmapped_topk_idx", torch.int64, (num_tokens, num_topk), device,
+                     contiguous=False)
+        if unmapped_topk_idx.stride(1) != 1 or (num_tokens > 1 and unmapped_topk_idx.stride(0) < num_topk):
+            raise ValueError(f"unmapped_topk_idx must have unit column stride and non-overlapping rows, got "
+                             f"strides {tuple(unmapped_topk_idx.stride())}")
+    if fix_routing_mask is not None and unmapped_topk_idx is None:
+        raise ValueError("fix_routing_mask requires unmapped_topk_idx (the fixed experts)")
+    if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError("out must be a tuple (topk_idx, topk_weights)")
+        check_tensor(out[0], "out[0] (topk_idx)", torch.int64, (num_tokens, num_physical_topk), device)
+        check_tensor(out[1], "out[1] (topk_weights)", torch.float32, (num_tokens, num_physical_topk), device)
+        topk_idx, topk_weights = out
+    else:
+        topk_idx = torch.empty(num_tokens, num_physical_topk, dtype=torch.int64, device=device)
+        topk_weights = torch.empty(num_tokens, num_physical_topk, dtype=torch.float32, device=device)
+    if scores is not None:
+        check_tensor(scores, "scores", torch.float32, (num_tokens, num_experts), device)
+
+    spec = parallel.GateSpec(
+        num_experts, num_topk, num_shared, num_replicas, flavor.name, has_mask=mask is not None,
+        has_bias=bias is not None, has_image=image_bias is not None, has_fixed=fix_routing_mask is not None,
+        has_unmapped=unmapped_topk_idx is not None, has_map=to_physical_map is not None,
+        has_force_random=force_random is not None, has_scores=scores is not None)
+    call = GateCall(spec, logits, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
+                    logical_count, unmapped_topk_idx, force_random, topk_idx, topk_weights, scores,
+                    new_status(device), ep_rank, scale)
+    return target, call
+
+
+def _run_reference(call: GateCall) -> None:
+    spec = call.spec
+    idx, weights, unmapped, scores = reference.moe_topk_gate_forward(
+        call.logits, spec.num_topk, spec.num_shared > 0, spec.num_shared, call.routed_scaling_factor, call.ep_rank,
+        mask=call.mask, bias=call.bias, image_bias=call.image_bias, image_token_mask=call.image_token_mask,
+        fix_routing_mask=call.fix_routing_mask, to_physical_map=call.to_physical_map,
+        logical_count=call.logical_count, unmapped_topk_idx=call.unmapped, force_random=call.force_random,
+        flavor=spec.flavor)
+    call.topk_idx.copy_(idx)
+    call.topk_weights.copy_(weights)
+    if call.unmapped is not None:
+        call.unmapped.copy_(unmapped)
+    if call.scores is not None:
+        call.scores.copy_(scores)
+
+
+def run_moe_topk_gate(args: tuple, target, flavor, kernel_only=False):
+    target, call = _prepare(*args, target, flavor)
+    if target == "torch":
+        if kernel_only:
+            raise ValueError("moe_topk_gate_forward_parallel always runs the kernel; target 'torch' is the reference")
+        _run_reference(call)
+    elif call.logits.shape[0]:
+        parallel.launch(call, target)
+        raise_status(call.status, "logits")
+    return call.topk_idx, call.topk_weights
+
+
+def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_routed: bool, num_shared_experts: int,
+                          routed_scaling_factor: float, ep_rank: int, scoring_func: str = "sqrtsoftplus",
+                          mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                          image_bias: torch.Tensor | None = None, image_token_mask: torch.Tensor | None = None,
+                          fix_routing_mask: torch.Tensor | None = None, to_physical_map: torch.Tensor | None = None,
+                          logical_count: torch.Tensor | None = None, unmapped_topk_idx: torch.Tensor | None = None,
+                          force_random: torch.Tensor | None = None,
+                          out: tuple[torch.Tensor, torch.Tensor] | None = None, scores: torch.Tensor | None = None,
+                          *, target: str | None = None,
+                          flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Route each token to ``num_topk`` experts: ``(topk_idx int64 [T, P], topk_weights fp32 [T, P])``.
+
+    ``logits``: contiguous fp32 ``[T, E]``. Scores ``u = sqrt(softplus(logits))``; experts
+    are ranked by ``u + bias`` (``image_bias`` for tokens flagged in ``image_token_mask``),
+    descending, equal keys by ascending expert; the bias does not enter the weights
+    ``fl(fl(u / D) * routed_scaling_factor)`` with ``D = sum(u_sel) + 1e-20`` (flavor's
+    order). With ``use_shared_as_routed``, ``num_shared_experts`` (1 or 2) slots follow
+    with logical ids ``E, E+1`` and weight 1.0, so ``P = num_topk + S``.
+
+    Per token, by precedence: ``mask`` False -> ids -1, weights +0.0; ``force_random``
+    True -> ``P`` distinct random physical ids in ``[0, sum(logical_count))`` (or
+    ``[0, E + S)``) with random weights in (0, 1], hashed from (``ep_rank``, token, slot);
+    ``fix_routing_mask`` True -> the experts given in ``unmapped_topk_idx`` (duplicates
+    kept). ``unmapped_topk_idx`` (if given) receives the logical routed experts (-1 for
+    masked and force-random tokens), ``scores`` (if given) ``u`` (0 for those tokens).
+    With ``to_physical_map [E + S, Dup]`` / ``logical_count [E + S]`` every logical id
+    becomes replica ``(ep_rank + token * 23333) mod count`` of its row.
+
+    Non-finite logits of routed tokens, fixed experts outside ``[0, E)`` and replica
+    counts outside ``[1, Dup]`` raise ``ValueError`` after the kernel ran.
+    """
+    return run_moe_topk_gate((logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
+                              ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
+                              to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores),
+                             target, flavor)
+
+
+def moe_topk_gate(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_topk_gate_forward`` under its compatibility name (same arguments)."""
+    return moe_topk_gate_forward(*args, **kwargs)
