@@ -15,7 +15,10 @@ and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_paralle
 entry points always run the kernel.
 """
 
+from vmi_moe.autograd import MoETopkGate, moe_topk_gate_autograd
 from vmi_moe.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward
+from vmi_moe.moe_topk_gate_backward import moe_topk_gate_backward
+from vmi_moe.moe_topk_gate_backward_parallel import moe_topk_gate_backward_parallel
 from vmi_moe.moe_topk_gate_parallel import moe_topk_gate_forward_parallel
 from vmi_moe.normalize_weight import normalize_weight
 from vmi_moe.normalize_weight_parallel import normalize_weight_parallel
@@ -25,6 +28,10 @@ from vmi_moe.topk_gate_parallel import topk_gate_parallel
 __version__ = "0.1.0"
 
 __all__ = [
+    "MoETopkGate",
+    "moe_topk_gate_autograd",
+    "moe_topk_gate_backward",
+    "moe_topk_gate_backward_parallel",
     "moe_topk_gate",
     "moe_topk_gate_forward",
     "moe_topk_gate_forward_parallel",

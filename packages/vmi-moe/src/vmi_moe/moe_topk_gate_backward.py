@@ -1,0 +1,117 @@
+"""``moe_topk_gate_backward``: public dispatch (validation, allocation, backend choice).
+
+The gradient of the sqrt-softplus gate's routed weights with respect to its logits,
+plus the sequence-level auxiliary term. Names and parameters follow TileKernels
+v2; ``target`` and ``flavor`` are vmi's additions (see vmi_core.targets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vmi_core.targets import resolve_flavor, resolve_target
+
+from . import moe_topk_gate_backward_parallel as parallel
+from .inputs import check_float, check_scoring_func, check_tensor, check_topk, new_status, raise_status
+from .reference import backward as reference
+
+MAX_TOKENS_PER_SEQ = 2**31 - 1
+
+
+@dataclass
+class GateBackwardCall:
+    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+
+    spec: parallel.GateBackwardSpec
+    scores: torch.Tensor
+    topk_idx: torch.Tensor
+    topk_weights: torch.Tensor
+    grad_topk_weights: torch.Tensor
+    mask: torch.Tensor | None
+    grad_scores_sum: torch.Tensor | None
+    grad_logits: torch.Tensor
+    status: torch.Tensor
+    routed_scaling_factor: float
+    tokens_per_seq: int
+
+
+def _prepare(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
+             grad_scores_sum, out, target, flavor):
+    check_scoring_func("moe_topk_gate_backward", scoring_func)
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    target = resolve_target(scores, target)
+    flavor = resolve_flavor(target, flavor)
+    device = scores.device
+    check_tensor(scores, "scores", torch.float32, (None, None))
+    num_tokens, num_experts = scores.shape
+    if num_experts == 0:
+        raise ValueError("scores must have at least one expert column")
+    check_tensor(topk_idx, "topk_idx", torch.int64, (num_tokens, None), device)
+    num_topk = check_topk(topk_idx.shape[1], num_experts, "topk_idx.size(1) (num_topk)")
+    check_tensor(topk_weights, "topk_weights", torch.float32, (num_tokens, num_topk), device)
+    check_tensor(grad_topk_weights, "grad_topk_weights", torch.float32, (num_tokens, num_topk), device)
+    scale = check_float(routed_scaling_factor, "routed_scaling_factor")
+    if (mask is None) != (grad_scores_sum is None):
+        raise ValueError("mask and grad_scores_sum must be given together (the auxiliary term needs both)")
+    tokens_per_seq = 0
+    if mask is not None:
+        check_tensor(mask, "mask", torch.bool, (num_tokens,), device)
+        check_tensor(grad_scores_sum, "grad_scores_sum", torch.float32, (None, num_experts), device)
+        num_seqs = grad_scores_sum.shape[0]
+        if num_seqs == 0 or num_tokens % num_seqs:
+            raise ValueError(f"the number of tokens ({num_tokens}) must be a multiple of the number of sequences "
+                             f"(grad_scores_sum.size(0) = {num_seqs})")
+        tokens_per_seq = num_tokens // num_seqs
+        if tokens_per_seq > MAX_TOKENS_PER_SEQ:
+            raise ValueError(f"tokens per sequence must fit int32, got {tokens_per_seq}")
+    if out is not None:
+        check_tensor(out, "out", torch.float32, (num_tokens, num_experts), device)
+        grad_logits = out
+    else:
+        grad_logits = torch.empty_like(scores)
+    spec = parallel.GateBackwardSpec(num_experts, num_topk, flavor.name, has_aux=mask is not None)
+    call = GateBackwardCall(spec, scores, topk_idx, topk_weights, grad_topk_weights, mask, grad_scores_sum,
+                            grad_logits, new_status(device), scale, tokens_per_seq)
+    return target, call
+
+
+def run_moe_topk_gate_backward(args: tuple, target, flavor, kernel_only=False):
+    target, call = _prepare(*args, target, flavor)
+    if target == "torch":
+        if kernel_only:
+            raise ValueError("moe_topk_gate_backward_parallel always runs the kernel; target 'torch' is the "
+                             "reference")
+        call.grad_logits.copy_(reference.moe_topk_gate_backward(
+            call.scores, call.topk_idx, call.topk_weights, call.grad_topk_weights, call.routed_scaling_factor,
+            mask=call.mask, grad_scores_sum=call.grad_scores_sum))
+    elif call.scores.shape[0]:
+        parallel.launch(call, target)
+        raise_status(call.status, "scores")
+    return call.grad_logits
+
+
+def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                           grad_topk_weights: torch.Tensor, routed_scaling_factor: float,
+                           scoring_func: str = "sqrtsoftplus", mask: torch.Tensor | None = None,
+                           grad_scores_sum: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+                           target: str | None = None, flavor: str | None = None) -> torch.Tensor:
+    """``grad_logits`` (fp32 ``[T, E]``) of the gate's routed weights and auxiliary statistic.
+
+    ``scores``: the forward's ``u = sqrt(softplus(logits))`` (contiguous fp32 ``[T, E]``);
+    ``topk_idx``: the *logical routed* experts (int64 ``[T, K]``, -1 for unused slots; the
+    forward's ``unmapped_topk_idx``, not physical or shared ids); ``topk_weights``: the
+    forward's first ``K`` weight columns; ``grad_topk_weights``: their upstream gradient.
+
+    Route term per valid slot: ``(s * g_j - <g, w>) / (sum(u_sel) + 1e-20)``, accumulated
+    per expert (fixed-routing duplicates add up). With ``mask`` (bool ``[T]``) and
+    ``grad_scores_sum`` (fp32 ``[Nseq, E]``, the gradient of the per-sequence sums of
+    ``u / sum(u)`` over tokens with ``mask`` True), sequences are ``T / Nseq`` consecutive
+    tokens and each token adds ``(h - <h, u> / U) / U`` with its own sequence's ``h``.
+    Everything is multiplied by ``d sqrt(softplus(x)) / dx`` computed from ``u``; padded
+    tokens (ids -1, scores 0) get +0.0.
+    """
+    return run_moe_topk_gate_backward((scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
+                                       scoring_func, mask, grad_scores_sum, out), target, flavor)

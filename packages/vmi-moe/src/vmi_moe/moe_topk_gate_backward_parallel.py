@@ -1,0 +1,208 @@
+"""``moe_topk_gate_backward`` as one parallel-style TileLang kernel for ascend, cuda and cpu.
+
+Work tiles of ``block_m`` tokens go round-robin to persistent workers. Per tile:
+
+1. DMA the score rows, the routed expert pairs, weights and weight gradients on chip;
+   with the auxiliary term, also the rows of ``grad_scores_sum`` of the sequences the
+   tile touches: from ``seq_first = first token // tokens_per_seq`` on (a tile may
+   span sequences);
+2. one lane per token:
+
+   * route term: ``D = sum(u_sel) + 1e-20`` and ``<g, w>`` over the valid slots, then
+     ``(s * g_j - <g, w>) / D`` accumulated into the dense row at expert ``i_j`` in slot
+     order (duplicates of fixed routing add up; -1 slots contribute nothing);
+   * auxiliary term: the token's own sequence row ``h`` (``token // tokens_per_seq``,
+     int32), ``U = sum(u)``, ``<h, u>``, ``inv = mask ? 1 / U : 0`` and
+     ``(h - <h, u> inv) inv`` (cuda flavor) or ``h inv - <h, u> inv inv`` (ascend flavor);
+   * times ``d sqrt(softplus) / dx`` from ``u`` (flavor's formula; exactly +0.0 at u = 0,
+     so padded tokens give +0.0 everywhere);
+
+3. DMA the gradient rows out.
+
+The vector region is SIMT on Ascend: per-lane serial sums, data-dependent scatters
+into the row and the derivative's branches are not what TileLang 0.1.15's SIMD
+lowering of ``T.Parallel`` accepts. The token count, the sequence count and the
+tokens per sequence are runtime values.
+"""
+
+
+from dataclasses import dataclass
+
+import tilelang.language as T
+import torch
+
+from vmi_core.compile import cached_kernel, kernel_source
+from vmi_core.cpu_parallel import run_rows
+from vmi_core.targets import get_flavor
+from vmi_core.tl.formats import f32_const
+from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.softplus import sqrt_softplus_backward
+
+from .kernel_common import DENOM_EPS, STATUS_BAD_INDEX, STATUS_WORDS, block_m, padded, row_chunks
+
+
+@dataclass(frozen=True)
+class GateBackwardSpec:
+    """Everything a gate backward kernel is specialised on."""
+
+    num_experts: int
+    num_topk: int
+    flavor: str
+    has_aux: bool = False
+
+
+def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
+    """The TileLang prim_func of ``spec`` for ``target``."""
+    sh = Shell(target)
+    TK = sh.T
+    E, K = spec.num_experts, spec.num_topk
+    BM = block_m(E)
+    flavor = get_flavor(spec.flavor)
+    M = TK.dynamic("M")
+    NSEQ = TK.dynamic("NSEQ")
+
+    @T.macro
+    def body(SCORES, IDX, W, GW, MASK, H, OUT, STATUS, scale, row_base, tokens_per_seq):
+        with sh.persistent_kernel() as worker:
+            for tm in sh.tiles([T.ceildiv(M, BM)], worker):
+                row0 = T.alloc_var("int32")
+                seq_first = T.alloc_var("int32")
+                row0 = tm * BM
+                u = sh.tile((BM, padded(E)), "float32")
+                ix = sh.tile((BM, padded(2 * K)), "int32")
+                w = sh.tile((BM, padded(K)), "float32")
+                g = sh.tile((BM, padded(K)), "float32")
+                grad = sh.tile((BM, padded(E)), "float32")
+                sh.buffer_versions({u: 2, ix: 2, w: 2, g: 2, grad: 2})
+                h = sh.tile((BM, padded(E)), "float32") if spec.has_aux else None
+                sh.copy(SCORES[row0, 0], u)
+                sh.copy(IDX[row0, 0], ix)
+                sh.copy(W[row0, 0], w)
+                sh.copy(GW[row0, 0], g)
+                if spec.has_aux:
+                    # int32 division before any address arithmetic: a tile's rows span at most BM sequences.
+                    seq_first = (row_base + row0) // tokens_per_seq
+                    sh.copy(H[seq_first, 0], h)
+                with sh.vector(SIMT):
+                    for i in T.Parallel(BM):
+                        row = T.alloc_var("int32")
+                        sel = T.alloc_var("int32")
+                        valid = T.alloc_var("int32")
+                        sel_sum = T.alloc_var("float32")
+                        gw_dot = T.alloc_var("float32")
+                        gw = T.alloc_var("float32")
+                        d = T.alloc_var("float32")
+                        row = T.min(row0 + i, M - 1)
+
+                        # Route term, scattered in slot order into the zeroed row.
+                        sel_sum = f32_const(0.0)
+                        gw_dot = f32_const(0.0)
+                        for j in T.serial(K):
+                            sel = ix[i, 2 * j]
+                            valid = T.Cast("int32", ix[i, 2 * j + 1] == 0 and sel >= 0 and sel < E)
+                            # Only -1 marks an unused slot; anything else outside [0, E) is bad input.
+                            if valid == 0 and (sel != -1 or ix[i, 2 * j + 1] != -1) and row0 + i < M:
+                                STATUS[STATUS_BAD_INDEX] = 1
+                            sel_sum = sel_sum + T.Select(valid > 0, u[i, T.max(T.min(sel, E - 1), 0)],
+                                                         f32_const(0.0))
+                            gw = g[i, j] * w[i, j]
+                            gw_dot = gw_dot + T.Select(valid > 0, gw, f32_const(0.0))
+                        d = sel_sum + f32_const(DENOM_EPS)
+                        for e in T.serial(E):
+                            grad[i, e] = f32_const(0.0)
+                        for j in T.serial(K):
+                            # Clamped so that the compiler sees each lane stay in its own row.
+                            sel = T.max(T.min(ix[i, 2 * j], E - 1), 0)
+                            if ix[i, 2 * j + 1] == 0 and ix[i, 2 * j] >= 0 and ix[i, 2 * j] < E:
+                                grad[i, sel] = grad[i, sel] + (scale * g[i, j] - gw_dot) / d
+
+                        if spec.has_aux:
+                            hrow = T.alloc_var("int32")
+                            total = T.alloc_var("float32")
+                            hu = T.alloc_var("float32")
+                            prod = T.alloc_var("float32")
+                            inv = T.alloc_var("float32")
+                            shift = T.alloc_var("float32")
+                            hrow = (row_base + row) // tokens_per_seq - seq_first
+                            total = f32_const(0.0)
+                            hu = f32_const(0.0)
+                            for e in T.serial(E):
+                                total = total + u[i, e]
+                                prod = h[hrow, e] * u[i, e]
+                                hu = hu + prod
+                            inv = T.Select(MASK[row] != 0, f32_const(1.0) / total, f32_const(0.0))
+                            if flavor.gate_aux_expanded:
+                                shift = -((hu * inv) * inv)
+                                for e in T.serial(E):
+                                    prod = h[hrow, e] * inv
+                                    grad[i, e] = sqrt_softplus_backward(u[i, e], flavor) * (grad[i, e]
+                                                                                            + (prod + shift))
+                            else:
+                                shift = hu * inv
+                                for e in T.serial(E):
+                                    grad[i, e] = sqrt_softplus_backward(u[i, e], flavor) * (
+                                        grad[i, e] + (h[hrow, e] - shift) * inv)
+                        else:
+                            for e in T.serial(E):
+                                grad[i, e] = sqrt_softplus_backward(u[i, e], flavor) * grad[i, e]
+                sh.copy(grad, OUT[row0, 0])
+
+    @TK.prim_func
+    def moe_topk_gate_backward_kernel(
+        SCORES: TK.Tensor((M, E), "float32"),
+        IDX: TK.Tensor((M, 2 * K), "int32"),
+        W: TK.Tensor((M, K), "float32"),
+        GW: TK.Tensor((M, K), "float32"),
+        MASK: TK.Tensor((M if spec.has_aux else 1,), "uint8"),
+        H: TK.Tensor((NSEQ, E), "float32"),
+        OUT: TK.Tensor((M, E), "float32"),
+        STATUS: TK.Tensor((STATUS_WORDS,), "int32"),
+        scale: TK.float32,
+        row_base: TK.int32,
+        tokens_per_seq: TK.int32,
+    ):
+        body(SCORES, IDX, W, GW, MASK, H, OUT, STATUS, scale, row_base, tokens_per_seq)
+
+    return moe_topk_gate_backward_kernel
+
+
+def moe_topk_gate_backward_source(spec: GateBackwardSpec, target: str) -> str:
+    """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
+    return kernel_source(build_moe_topk_gate_backward, spec, target)
+
+
+def launch(call, target: str) -> None:
+    """Run a validated call (``vmi_moe.moe_topk_gate_backward.GateBackwardCall``) on ``target``."""
+    spec = call.spec
+    kernel = cached_kernel(build_moe_topk_gate_backward, spec, target)
+    device = call.scores.device
+    idx = call.topk_idx.view(torch.int32)
+    if spec.has_aux:
+        mask, h, tokens_per_seq = call.mask.view(torch.uint8), call.grad_scores_sum, call.tokens_per_seq
+    else:
+        mask = torch.zeros(1, dtype=torch.uint8, device=device)
+        h = torch.zeros(1, spec.num_experts, dtype=torch.float32, device=device)
+        tokens_per_seq = 1
+
+    def run(start: int, stop: int) -> None:
+        for lo, hi in row_chunks(start, stop, spec.num_experts):
+            kernel(call.scores[lo:hi], idx[lo:hi], call.topk_weights[lo:hi], call.grad_topk_weights[lo:hi],
+                   mask[lo:hi] if spec.has_aux else mask, h, call.grad_logits[lo:hi], call.status,
+                   call.routed_scaling_factor, lo, tokens_per_seq)
+
+    num_tokens = call.scores.shape[0]
+    if target == "cpu":
+        run_rows(run, num_tokens, align=block_m(spec.num_experts), min_rows=256)
+    else:
+        run(0, num_tokens)
+
+
+def moe_topk_gate_backward_parallel(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
+                                    scoring_func="sqrtsoftplus", mask=None, grad_scores_sum=None, out=None, *,
+                                    target: str | None = None, flavor: str | None = None):
+    """``moe_topk_gate_backward`` that always runs the parallel kernel (same arguments)."""
+    # The dispatch module imports this one; by call time both are loaded.
+    from .moe_topk_gate_backward import run_moe_topk_gate_backward
+
+    return run_moe_topk_gate_backward((scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
+                                       scoring_func, mask, grad_scores_sum, out), target, flavor, kernel_only=True)
