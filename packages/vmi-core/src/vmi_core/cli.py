@@ -80,7 +80,7 @@ def cmd_run(ops, args) -> int:
         print("  MISMATCH against the reference:")
         print("\n".join(mismatches))
         return 1
-    print("  matches the reference bit for bit")
+    print(f"  matches the reference {op.check_criterion}")
     return 0
 
 

@@ -47,7 +47,8 @@ class OpInfo:
     ``check(outputs, expected)`` -> list of mismatch lines (empty when equal);
     ``source(options, target, flavor)`` -> generated kernel source;
     ``nbytes(inputs, outputs)`` -> bytes read and written, for throughput.
-    ``targets`` maps each target to a one-line support status.
+    ``targets`` maps each target to a one-line support status; ``check_criterion``
+    says what ``check`` compares ("bit for bit", or a tolerance).
     """
 
     name: str
@@ -64,6 +65,7 @@ class OpInfo:
     source: Callable
     nbytes: Callable
     aliases: tuple[str, ...] = field(default=())
+    check_criterion: str = "bit for bit"
 
     def parse_options(self, pairs: list[str]) -> dict:
         known = {o.name: o for o in self.options}
