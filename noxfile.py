@@ -72,9 +72,13 @@ def lint(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "ruff", "check", ".", *session.posargs)
 
 
+# Each family package is installed alone from dist/ into a fresh venv and runs one op.
+WHEEL_CHECKS = (("vmi-quant", "per_token_cast"), ("vmi-moe", "moe_topk_gate"))
+
+
 @nox.session(venv_backend="none")
 def build(session: nox.Session) -> None:
-    """Build the four wheels into dist/, install vmi-quant from them in a fresh venv, run the demo."""
+    """Build the four wheels into dist/; install each family package alone from them and run an op."""
     dist = ROOT / "dist"
     for old in dist.glob("vmi_*.whl"):
         old.unlink()
@@ -83,7 +87,11 @@ def build(session: nox.Session) -> None:
         # No build isolation: hatchling comes from the current environment, so no network is needed.
         session.run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--disable-pip-version-check", "-w", str(dist), str(ROOT / "packages" / package))
+    for package, op in WHEEL_CHECKS:
+        _check_wheel(session, dist, package, op)
 
+
+def _check_wheel(session: nox.Session, dist: Path, package: str, op: str) -> None:
     venv = ROOT / ".nox" / "wheel-check"
     if venv.exists():
         shutil.rmtree(venv)
@@ -92,8 +100,12 @@ def build(session: nox.Session) -> None:
     # torch first, pinned, so vmi-core's torch>=2.10 does not pull a CUDA build.
     session.run(*pip, "install", TORCH_PIN)
     # vmi-core must come from dist/ (it is not on the index); tilelang comes from PyPI.
-    session.run(*pip, "install", "--find-links", str(dist), "vmi-quant")
+    session.run(*pip, "install", "--find-links", str(dist), package)
+    listed = session.run(*pip[:-1], "list", "--format=freeze", silent=True) or ""
+    vmi = sorted(line.split("==")[0] for line in listed.splitlines() if line.startswith("vmi-"))
+    if vmi != sorted(["vmi-core", package]):
+        session.error(f"installing {package} should pull only vmi-core, got {vmi}")
     shown = session.run(*pip[:-1], "show", "vmi-core", silent=True)
     if not shown or "Version: 0.1.0" not in shown:
         session.error(f"vmi-core 0.1.0 was not installed from {dist}:\n{shown}")
-    session.run(str(venv / "bin" / "vmi"), "run", "per_token_cast")
+    session.run(str(venv / "bin" / "vmi"), "run", op)

@@ -8,7 +8,9 @@ chosen by default.
 A *flavor* is a set of bit conventions: where TileKernels gives different bits
 per platform (packed UE8M0 word width, TMA column-major SF padding, the
 multiplication order for pre-quantized inputs, the MoE gate's summation order and
-quotient check), an op follows the flavor of its target. ``cpu`` defaults to the ``ascend`` flavor and can run the ``cuda`` one.
+quotient check, the gate backward's auxiliary-term order), an op follows the
+flavor of its target. ``cpu`` defaults to the ``ascend`` flavor and can run the
+``cuda`` one.
 """
 
 from __future__ import annotations
