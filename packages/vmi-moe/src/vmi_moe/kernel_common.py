@@ -112,24 +112,22 @@ def quotient(w, d, checked: bool):
     """``w / d`` (``w, d >= 0``), correctly rounded.
 
     With ``checked`` (devices whose division is only nearly correct) the quotient is
-    replaced by its lower or upper neighbour when that one's exact residual
-    ``|fma(q', -d, w)|`` is smaller; the lower neighbour wins ties, the upper one must be
-    strictly better. Where division is IEEE this changes nothing.
+    replaced by its lower or upper neighbour when that one's residual
+    ``|fma(q', -d, w)|`` is strictly smaller. Where division is IEEE this changes nothing:
+    a correctly rounded quotient has the smallest residual, and keeps it on the exact
+    ties of the subnormal range.
     """
     q = T.alloc_var("float32")
     q = w / d
     if checked:
         lower = T.alloc_var("float32")
         upper = T.alloc_var("float32")
-        best = T.alloc_var("float32")
         err = T.alloc_var("float32")
         if F.f32_bits(q) > F.u32(0):
             lower = F.f32_from_bits(F.f32_bits(q) - F.u32(1))
             upper = F.f32_from_bits(F.f32_bits(q) + F.u32(1))
-            best = lower
-            err = T.abs(fma(lower, -d, w))
-            best = T.Select(T.abs(fma(q, -d, w)) < err, q, best)
-            err = T.min(err, T.abs(fma(q, -d, w)))
-            best = T.Select(T.abs(fma(upper, -d, w)) < err, upper, best)
-            q = best
+            err = T.abs(fma(q, -d, w))
+            q = T.Select(T.abs(fma(lower, -d, w)) < err, lower, q)
+            err = T.min(err, T.abs(fma(lower, -d, w)))
+            q = T.Select(T.abs(fma(upper, -d, w)) < err, upper, q)
     return q
