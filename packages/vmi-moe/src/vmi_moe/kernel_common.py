@@ -21,10 +21,11 @@ import tilelang.language as T
 from vmi_core.tl import formats as F
 from vmi_core.tl.softplus import fma
 
-# Tokens per work tile; smaller for wide rows so that double-buffered row tiles fit the UB.
-BLOCK_M = 32
-BLOCK_M_WIDE = 16
-WIDE_ROW = 256
+# Tokens per work tile: as many as one 32 KiB row tile holds (a power of two), so that
+# narrow gates keep more SIMT threads busy and wide ones still double-buffer in the UB.
+ROW_TILE_BYTES = 32 * 1024
+MAX_BLOCK_M = 128
+MIN_BLOCK_M = 16
 # The denominator's epsilon: turns an all-zero row's 0/0 into 0.
 DENOM_EPS = 1e-20
 # The lane count of the butterfly summation order (a CUDA warp).
@@ -47,13 +48,16 @@ def padded(n: int) -> int:
 
 def row_chunks(start: int, stop: int, row_elems: int):
     """``[lo, hi)`` row ranges covering ``[start, stop)`` whose element offsets fit int32."""
-    step = max(1, (2**31 - 1) // max(1, padded(row_elems)) - BLOCK_M)
+    step = max(1, (2**31 - 1) // max(1, padded(row_elems)) - MAX_BLOCK_M)
     return [(lo, min(lo + step, stop)) for lo in range(start, stop, step)]
 
 
 def block_m(row_elems: int) -> int:
-    """Tokens per work tile for rows of ``row_elems`` fp32 values."""
-    return BLOCK_M if padded(row_elems) <= WIDE_ROW else BLOCK_M_WIDE
+    """Tokens per work tile for rows of ``row_elems`` 4-byte values (16 to 128)."""
+    rows = MAX_BLOCK_M
+    while rows > MIN_BLOCK_M and rows * padded(row_elems) * 4 > ROW_TILE_BYTES:
+        rows //= 2
+    return rows
 
 
 def neg_inf():

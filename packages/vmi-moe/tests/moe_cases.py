@@ -1,0 +1,324 @@
+"""Data construction shared by the kernel tests of topk_gate, normalize_weight and moe_topk_gate_forward.
+
+* score/logit rows with constructed ties (all-equal rows, equal maxima across the 32- and
+  64-expert boundaries, integer-valued rows) mixed into normal samples;
+* replica maps laid out like TileKernels' tests (consecutive replica rows, unused cells -1),
+  here with the physical ids shuffled so that a wrong replica choice shows;
+* "gap" logits (MoE spec §5.8): rows whose K-th and (K+1)-th biased reference keys are
+  within 1e-6 are re-drawn, so the selected set does not depend on a last-ulp difference;
+* ``GateCase``: one specialisation of the gate kernel (sizes, flavor, optional inputs) and
+  the helpers that run it and the reference on the same inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vmi_core.softplus import sqrt_softplus
+from vmi_core.testing import generator
+from vmi_moe import moe_topk_gate_forward
+from vmi_moe.reference import moe_topk_gate_forward as reference_gate
+
+FLAVORS = ("ascend", "cuda")
+SCALE = 1.5
+G0 = 0.8325546383857727  # fp32(sqrt(ln 2)) = sqrt(softplus(0)), correctly rounded
+GAP = 1e-6
+# exp(x) is subnormal in fp32 below ln(2^-126) ~ -87.34.
+EXP_SUBNORMAL_BELOW = -87.3
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Bit-pattern distance of fp32 values of one sign (units in the last place), int64."""
+    return (a.contiguous().view(torch.int32).to(torch.int64) - b.contiguous().view(torch.int32).to(torch.int64)).abs()
+
+
+# --- scores with ties ---------------------------------------------------------------------------
+
+TIE_KINDS = 6
+
+
+def with_ties(x: torch.Tensor, seed: int, every: int = 3) -> torch.Tensor:
+    """A copy of ``x [T, E]`` where every ``every``-th row is rewritten with a constructed tie (kind by row).
+
+    0: all values equal; 1: a random third of the row set to one value above the row
+    maximum (ties at the top that straddle the K-th position); 2: columns 31 and 32 equal
+    and above the rest; 3: columns 63 and 64 (else 0 and E-1) equal and above the rest, and
+    31/32 equal just below them; 4: small integers (many ties everywhere); 5: two values only.
+    """
+    y = x.clone()
+    num_rows, num_cols = y.shape
+    g = generator(seed)
+    for n, t in enumerate(range(0, num_rows, every)):
+        kind = n % TIE_KINDS
+        top = float(y[t].max()) + 1.0
+        if kind == 0:
+            y[t] = float(torch.randn(1, generator=g))
+        elif kind == 1:
+            y[t, torch.rand(num_cols, generator=g) < 1 / 3] = top
+        elif kind == 2:
+            cols = [31, 32] if num_cols > 32 else [0, num_cols - 1]
+            y[t, cols] = top
+        elif kind == 3:
+            y[t, [63, 64] if num_cols > 64 else [0, num_cols - 1]] = top + 1.0
+            if num_cols > 64:
+                y[t, [31, 32]] = top
+        elif kind == 4:
+            y[t] = torch.randint(-2, 3, (num_cols,), generator=g).float()
+        else:
+            y[t] = torch.where(torch.rand(num_cols, generator=g) < 0.5, 0.5, -0.5)
+    return y
+
+
+def tie_expectations(num_cols: int, k: int) -> dict[int, list[int]]:
+    """For ``with_ties`` rows of kinds 0, 2 and 3 on plain scores: the leading indices the rank order implies."""
+    first = list(range(k))
+    expect = {0: first}
+    expect[2] = ([31, 32] if num_cols > 32 else [0, num_cols - 1])[:k]
+    expect[3] = ([63, 64, 31, 32] if num_cols > 64 else [0, num_cols - 1])[:k]
+    return expect
+
+
+# --- replica maps -------------------------------------------------------------------------------
+
+def physical_map(num_logical: int, dup: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(to_physical_map int32 [L, dup], logical_count int32 [L])``: counts in 1..dup (all 1 for dup 1).
+
+    Logical expert l owns the consecutive physical slots ``offset_l .. offset_l + count_l - 1`` of
+    a shuffled id list; unused cells hold -1.
+    """
+    g = generator(seed)
+    count = torch.randint(1, dup + 1, (num_logical,), generator=g, dtype=torch.int32)
+    offset = torch.cumsum(count, 0) - count
+    ids = torch.randperm(int(count.sum()), generator=g).to(torch.int32)
+    cols = torch.arange(dup, dtype=torch.int32)
+    valid = cols[None, :] < count[:, None]
+    slots = (offset[:, None] + cols[None, :]).clamp(max=ids.numel() - 1)
+    return torch.where(valid, ids[slots.long()], -1).to(torch.int32).contiguous(), count.contiguous()
+
+
+# --- the gate --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GateCase:
+    """One gate specialisation: sizes, flavor and which optional inputs are given."""
+
+    E: int
+    K: int
+    S: int = 0
+    dup: int = 0  # columns of the replica map; 0: no map
+    flavor: str = "ascend"
+    mask: bool = False
+    bias: bool = False
+    image: bool = False
+    fixed: bool = False
+    force: bool = False
+    scores: bool = True
+    unmapped: bool = False  # pass unmapped_topk_idx without fixed routing (output only)
+
+    @property
+    def P(self) -> int:
+        return self.K + self.S
+
+    @property
+    def L(self) -> int:
+        return self.E + self.S
+
+    @property
+    def id(self) -> str:
+        opts = [name for name in ("mask", "bias", "image", "fixed", "force", "unmapped") if getattr(self, name)]
+        if self.dup:
+            opts.append(f"map{self.dup}")
+        if not self.scores:
+            opts.append("noscores")
+        return f"E{self.E}-K{self.K}-S{self.S}-{self.flavor}" + "".join(f"-{o}" for o in opts)
+
+
+@dataclass
+class GateInputs:
+    logits: torch.Tensor
+    options: dict  # keyword arguments of moe_topk_gate_forward (inputs only, never modified)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.logits.shape[0]
+
+    def flags(self, name: str) -> torch.Tensor:
+        t = self.options.get(name)
+        if t is None:
+            return torch.full((self.num_tokens,), name == "mask", dtype=torch.bool)
+        return t.reshape(-1)
+
+    @property
+    def masked(self) -> torch.Tensor:
+        return ~self.flags("mask")
+
+    @property
+    def forced(self) -> torch.Tensor:
+        return self.flags("force_random") & ~self.masked
+
+    @property
+    def routed(self) -> torch.Tensor:
+        return ~self.masked & ~self.forced
+
+    @property
+    def fixed(self) -> torch.Tensor:
+        return self.flags("fix_routing_mask") & self.routed
+
+    def num_physical(self, case: GateCase) -> int:
+        count = self.options.get("logical_count")
+        return case.L if count is None else int(count.sum())
+
+
+def gate_inputs(case: GateCase, num_tokens: int, seed: int, *, padded: int = 0, ties: bool = True,
+                logits: torch.Tensor | None = None) -> GateInputs:
+    """Random inputs for ``case``: ``num_tokens`` rows (the last ``padded`` of them masked when the case has a mask).
+
+    Masks: ~15% masked tokens, ~50% image tokens, ~30% fixed-routing tokens (a third of
+    them with a duplicated expert), ~30% force-random tokens (some also fixed or masked, to
+    exercise the precedence). Fixed experts are also given for tokens that do not use them.
+    """
+    g = generator(seed)
+    T, E, K = num_tokens, case.E, case.K
+    if logits is None:
+        logits = torch.randn(T, E, generator=g) * 2.0
+        if ties:
+            logits = with_ties(logits, seed + 1)
+    options: dict = {}
+    if case.mask:
+        mask = torch.rand(T, generator=g) >= 0.15
+        mask[T - padded:] = False
+        options["mask"] = mask
+    if case.bias:
+        options["bias"] = torch.randn(E, generator=g) * 0.5
+    if case.image:
+        options["image_bias"] = torch.randn(E, generator=g) * 0.5
+        options["image_token_mask"] = torch.rand(T, generator=g) < 0.5
+    if case.fixed or case.unmapped:
+        given = torch.randint(0, E, (T, K), generator=g)
+        if K > 1:
+            given[::3, 1] = given[::3, 0]
+        options["unmapped_topk_idx"] = given
+    if case.fixed:
+        options["fix_routing_mask"] = torch.rand(T, generator=g) < 0.3
+    if case.dup:
+        options["to_physical_map"], options["logical_count"] = physical_map(case.L, case.dup, seed + 2)
+    if case.force:
+        options["force_random"] = torch.rand(T, generator=g) < 0.3
+    return GateInputs(logits, options)
+
+
+def positional(case: GateCase, ep_rank: int = 0) -> tuple:
+    """``(num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank)``."""
+    return case.K, case.S > 0, case.S, SCALE, ep_rank
+
+
+def run_kernel(case: GateCase, inp: GateInputs, ep_rank: int = 0, *, out=None, scores: bool | None = None,
+               unmapped_input: torch.Tensor | None = None, **call):
+    """``(topk_idx, topk_weights, unmapped, scores)`` of the cpu kernel; ``unmapped``/``scores`` None if not given.
+
+    ``unmapped_topk_idx`` is copied (it is written in place) unless ``unmapped_input`` names
+    the tensor to pass.
+    """
+    options = dict(inp.options)
+    if "unmapped_topk_idx" in options:
+        options["unmapped_topk_idx"] = options["unmapped_topk_idx"].clone() if unmapped_input is None \
+            else unmapped_input
+    want_scores = case.scores if scores is None else scores
+    sc = torch.full_like(inp.logits, float("nan")) if want_scores else None
+    call.setdefault("target", "cpu")
+    call.setdefault("flavor", case.flavor)
+    idx, weights = moe_topk_gate_forward(inp.logits, *positional(case, ep_rank), out=out, scores=sc, **options,
+                                         **call)
+    return idx, weights, options.get("unmapped_topk_idx"), sc
+
+
+def run_reference(case: GateCase, inp: GateInputs, ep_rank: int = 0, unbiased_scores: torch.Tensor | None = None):
+    """The reference's ``(topk_idx, topk_weights, unmapped, scores)`` on the same inputs."""
+    return reference_gate(inp.logits, *positional(case, ep_rank), **inp.options, flavor=case.flavor,
+                          unbiased_scores=unbiased_scores)
+
+
+def reference_keys(case: GateCase, inp: GateInputs) -> torch.Tensor:
+    """The reference's ranking keys ``u + bias`` (image bias for image tokens) of every row."""
+    keys = sqrt_softplus(inp.logits, case.flavor)
+    beta = torch.zeros_like(keys)
+    if "bias" in inp.options:
+        beta = beta + inp.options["bias"]
+    if "image_bias" in inp.options:
+        beta = torch.where(inp.options["image_token_mask"][:, None], inp.options["image_bias"], beta)
+    return keys + beta
+
+
+def redraw_for_gap(case: GateCase, inp: GateInputs, seed: int, attempts: int = 100) -> GateInputs:
+    """``inp`` with logit rows re-drawn until the K-th and (K+1)-th reference keys differ by more than 1e-6."""
+    g = generator(seed)
+    logits = inp.logits.clone()
+    for _ in range(attempts):
+        keys = reference_keys(case, GateInputs(logits, inp.options)).sort(dim=1, descending=True).values
+        close = (keys[:, case.K - 1] - keys[:, case.K]) <= GAP
+        if not bool(close.any()):
+            return GateInputs(logits, inp.options)
+        logits[close] = torch.randn(int(close.sum()), case.E, generator=g) * 2.0
+    raise AssertionError("could not draw logits with a K/K+1 gap")
+
+
+def assert_scores_accurate(sc: torch.Tensor, inp: GateInputs, flavor: str) -> None:
+    """Kernel scores of routed rows against ``vmi_core.softplus.sqrt_softplus`` (0 elsewhere is checked bitwise).
+
+    ascend flavor: <= 2 ulp from the correctly rounded value (spec §1.3's accuracy target).
+    cuda flavor: both sides are ``sqrt(log1p(exp(x)))`` in fp32 (threshold 20), the kernel
+    with glibc's ``expf``/``log1pf``, the reference with torch's vectorised CPU kernels. Each
+    is within 1 ulp of the correctly rounded value (measured on 4e6 samples of +-80: torch 1,
+    kernel 1), so they are within 2 ulp of each other; measured: 2 (e.g. x = -1.2713590,
+    where torch's vectorised and scalar paths differ by one ulp). Below x = -87.3 ``exp(x)``
+    is subnormal and y = sqrt(exp(x)) carries the subnormal's absolute error, so there y^2 is
+    compared: <= 3 * 2^-149 (two ``expf`` results one subnormal step apart, one each for the
+    sqrt roundings).
+    """
+    x = inp.logits[inp.routed]
+    y = sc[inp.routed]
+    if flavor == "ascend":
+        d = ulps(y, sqrt_softplus(x, "ascend"))
+        assert int(d.max(initial=0)) <= 2, f"scores: {int(d.max())} ulp at logit {float(x.reshape(-1)[d.argmax()])}"
+        return
+    ref = F.softplus(x).sqrt()
+    normal = x > EXP_SUBNORMAL_BELOW
+    d = ulps(y[normal], ref[normal])
+    assert int(d.max(initial=0)) <= 2, f"scores: {int(d.max())} ulp at logit {float(x[normal][d.argmax()])}"
+    tail = (y[~normal].double() ** 2 - ref[~normal].double() ** 2).abs()
+    assert float(tail.max(initial=0.0)) <= 3 * 2.0**-149
+
+
+def assert_token_classes(case: GateCase, inp: GateInputs, idx, weights, unmapped, sc) -> None:
+    """Reference-free facts of the output (spec §5.2's table)."""
+    masked, forced, routed = inp.masked, inp.forced, inp.routed
+    P, K = case.P, case.K
+    assert bool((idx[masked] == -1).all()), "masked tokens must route nowhere"
+    assert bool((weights[masked].view(torch.int32) == 0).all()), "masked tokens must have +0.0 weights"
+    if unmapped is not None:
+        assert bool((unmapped[masked | forced] == -1).all()), "unmapped must be -1 for masked/force-random tokens"
+    if sc is not None:
+        assert bool((sc[masked | forced].view(torch.int32) == 0).all()), "scores must be +0.0 for unrouted tokens"
+    if bool(forced.any()):
+        ids, w = idx[forced], weights[forced]
+        num_physical = inp.num_physical(case)
+        assert bool(((ids >= 0) & (ids < num_physical)).all()), "force-random ids out of range"
+        assert bool((ids.sort(dim=1).values.diff(dim=1) > 0).all()), "force-random ids are not distinct"
+        assert bool(((w > 0) & (w <= 1)).all()), "force-random weights outside (0, 1]"
+    if bool(routed.any()):
+        w = weights[routed]
+        if case.S:
+            assert bool((w[:, K:] == 1.0).all()), "shared-expert weights must be 1.0"
+        ids = idx[routed]
+        if not case.dup:
+            for j in range(case.S):
+                assert bool((ids[:, K + j] == case.E + j).all()), "shared slots must hold E + j"
+        else:
+            mp = inp.options["to_physical_map"]
+            for j in range(case.S):
+                assert bool(torch.isin(ids[:, K + j], mp[case.E + j][mp[case.E + j] >= 0].long()).all())
+        assert bool((ids >= 0).all())
+        assert tuple(idx.shape) == (inp.num_tokens, P)

@@ -1,0 +1,139 @@
+"""normalize_weight on the cpu target against the reference, bit for bit, in both flavors.
+
+Denominators and normalised weights are compared with ``assert_bitwise_equal`` (dtype,
+shape, strides, bits): the sum order is the flavor's (ascend left to right, cuda the
+32-lane xor butterfly) and every quotient is one correctly rounded division, so there is
+no tolerance. Independently of the reference: the spec's summation example (§9.3) by bit
+pattern, quotients against fp64 division rounded once (exact for fp32 operands), all-zero
+rows (``D = 1e-20``, weights +0.0), negative weights, signed zeros and quotients that
+overflow. Row counts cover the empty input, one row, both sides of the 128-row work tile,
+several tiles and rows split over cpu threads. One kernel per ``(K, flavor)``.
+"""
+
+import pytest
+import torch
+from moe_cases import FLAVORS
+
+from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
+from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_moe import normalize_weight, normalize_weight_parallel
+from vmi_moe.normalize_weight_parallel import BLOCK_M
+from vmi_moe.reference import normalize_weight as reference_normalize
+
+# K = 1, the gate's 6 and 8, 9 (butterfly lanes past 8), 32 (a full warp).
+TOPKS = [1, 6, 8, 9, 32]
+ROWS = [0, 1, 127, 128, 129, 300]
+EPS_BITS = 0x1E3CE508  # fp32(1e-20)
+
+
+def weights_for(num_rows: int, k: int, seed: int) -> torch.Tensor:
+    """Uniform weights with a few all-zero rows, zero entries and rows spanning many binades."""
+    g = generator(seed)
+    w = torch.rand(num_rows, k, generator=g)
+    if num_rows:
+        w[::11] = 0.0
+        w[torch.rand(num_rows, k, generator=g) < 0.05] = 0.0
+        spread = torch.exp2(torch.randint(-60, 60, (num_rows, k), generator=g).float())
+        w[3::7] = (w * spread)[3::7]
+    return w.contiguous()
+
+
+def check_against_reference(w: torch.Tensor, flavor: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    d, n = normalize_weight(w, target="cpu", flavor=flavor)
+    ref_d, ref_n = reference_normalize(w, flavor)
+    assert_bitwise_equal(d, ref_d, f"{what} denominator")
+    assert_bitwise_equal(n, ref_n, f"{what} weights")
+    return d, n
+
+
+@pytest.mark.parametrize("K", TOPKS)
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_matches_reference(flavor: str, K: int) -> None:
+    for seed, T in enumerate(ROWS):
+        w = weights_for(T, K, seed)
+        d, n = check_against_reference(w, flavor, f"T={T}")
+        if T:
+            # Quotients: fp64 division of fp32 operands rounded to fp32 is the correctly rounded quotient.
+            assert_bitwise_equal(n, (w.double() / d.double()[:, None]).float(), f"T={T} quotients")
+            zero = (w == 0).all(dim=1)
+            assert bool((d[zero].view(torch.int32) == EPS_BITS).all()), "all-zero rows: D = 1e-20"
+            assert bool((n[zero].view(torch.int32) == 0).all()), "all-zero rows: +0.0 weights"
+
+
+@pytest.mark.parametrize(("flavor", "bits"), [("ascend", 0x40066666), ("cuda", 0x40066667)])
+def test_summation_order_example(flavor: str, bits: int) -> None:
+    """Spec §9.3: [0.1, ..., 0.6] sums to 2.1 left to right and one ulp more in butterfly order."""
+    w = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]])
+    d, _ = check_against_reference(w, flavor, "example")
+    assert int(d.view(torch.int32)[0]) == bits
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_butterfly_order_k6(flavor: str) -> None:
+    """K = 6: cuda adds ((w0 + w4) + w2) + ((w1 + w5) + w3), ascend left to right (spec §4.2)."""
+    w = weights_for(200, 6, 5)
+    d, _ = normalize_weight(w, target="cpu", flavor=flavor)
+    c = [w[:, j] for j in range(6)]
+    total = (((c[0] + c[4]) + c[2]) + ((c[1] + c[5]) + c[3])) if flavor == "cuda" else \
+        ((((c[0] + c[1]) + c[2]) + c[3]) + c[4]) + c[5]
+    assert_bitwise_equal(d, total + torch.tensor(1e-20), "denominator")
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_negative_weights(flavor: str) -> None:
+    g = generator(6)
+    w = (torch.rand(300, 8, generator=g) - 0.3) * 4.0
+    d, n = check_against_reference(w, flavor, "negative")
+    assert_bitwise_equal(n, (w.double() / d.double()[:, None]).float(), "quotients")
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_signed_zero_and_overflowing_quotients(flavor: str) -> None:
+    """Quotients -0.0 (w = -0.0; w = +0.0 over a negative D; a negative underflow) and +-inf (a sum that
+    cancels) must be the IEEE quotients, as for any other weight."""
+    w = torch.tensor([[-0.0, 1.0, 0.0],
+                      [0.0, -1.0, 0.0],
+                      [-(2.0**-149), 10.0, 0.0],
+                      [1e30, -1e30, 1e-10]])
+    d, n = check_against_reference(w, flavor, "edge")
+    expected = torch.tensor([[-0.0, 1.0, 0.0],
+                             [-0.0, 1.0, -0.0],
+                             [-0.0, 1.0, 0.0],
+                             [float("inf"), float("-inf"), 1.0]])
+    if flavor == "cuda":
+        # cuda: ((w0 + w2) + w1): 1e30 + 1e-10 rounds to 1e30, so D = 1e-20 and w2 / D = 1e10.
+        expected[3, 2] = float(torch.tensor(1e-10) / torch.tensor(1e-20))
+    assert_bitwise_equal(n, expected, "IEEE quotients")
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_rows_split_over_threads(flavor: str, monkeypatch) -> None:
+    monkeypatch.setenv(THREADS_ENV, "3")
+    T = 2500
+    assert len(row_ranges(T, 3, BLOCK_M, 4 * BLOCK_M)) == 3
+    w = weights_for(T, 8, 9)
+    d, n = check_against_reference(w, flavor, "split")
+    monkeypatch.setenv(THREADS_ENV, "1")
+    d1, n1 = normalize_weight(w, target="cpu", flavor=flavor)
+    assert_bitwise_equal(d1, d, "one thread")
+    assert_bitwise_equal(n1, n, "one thread")
+
+
+def test_entry_points_agree() -> None:
+    w = weights_for(300, 6, 10)
+    d, n = normalize_weight(w, target="cpu")
+    for what, (d2, n2) in {"second run": normalize_weight(w, target="cpu"),
+                           "ascend flavor": normalize_weight(w, target="cpu", flavor="ascend"),
+                           "parallel": normalize_weight_parallel(w, target="cpu"),
+                           "torch": normalize_weight(w, target="torch")}.items():
+        assert_bitwise_equal(d2, d, what)
+        assert_bitwise_equal(n2, n, what)
+    assert_bitwise_equal(w, weights_for(300, 6, 10), "input unchanged")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("K", range(1, 33))
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_matches_reference_full(flavor: str, K: int) -> None:
+    for seed, T in enumerate([4001, 16384]):
+        check_against_reference(weights_for(T, K, 200 + seed), flavor, f"T={T}")
