@@ -45,3 +45,12 @@ def run_rows(run: Callable[[int, int], None], num_rows: int, *, align: int = 1, 
         _pool = ThreadPoolExecutor(cpu_threads(), thread_name_prefix="vmi-cpu")
     for future in [_pool.submit(run, start, stop) for start, stop in ranges]:
         future.result()
+
+
+def launch_rows(target: str, run: Callable[[int, int], None], num_rows: int, *, align: int = 1,
+                min_rows: int = 256) -> None:
+    """``run(start, stop)`` over all rows: split across threads on ``cpu`` (``run_rows``), one call elsewhere."""
+    if target == "cpu":
+        run_rows(run, num_rows, align=align, min_rows=min_rows)
+    else:
+        run(0, num_rows)

@@ -32,7 +32,7 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMT, Shell
@@ -191,10 +191,7 @@ def launch(call, target: str) -> None:
                    call.routed_scaling_factor, lo, tokens_per_seq)
 
     num_tokens = call.scores.shape[0]
-    if target == "cpu":
-        run_rows(run, num_tokens, align=block_m(spec.num_experts), min_rows=256)
-    else:
-        run(0, num_tokens)
+    launch_rows(target, run, num_tokens, align=block_m(spec.num_experts), min_rows=256)
 
 
 def moe_topk_gate_backward_parallel(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,

@@ -31,7 +31,7 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.targets import get_flavor
 from vmi_core.tl import formats as F
 from vmi_core.tl.formats import f32_const
@@ -335,10 +335,7 @@ def launch(call, target: str) -> None:
                    un.stride(0), lo, call.ep_rank, call.routed_scaling_factor)
 
     num_tokens = call.logits.shape[0]
-    if target == "cpu":
-        run_rows(run, num_tokens, align=block_m(spec.num_experts), min_rows=256)
-    else:
-        run(0, num_tokens)
+    launch_rows(target, run, num_tokens, align=block_m(spec.num_experts), min_rows=256)
 
 
 def moe_topk_gate_forward_parallel(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMT, Shell
@@ -85,10 +85,7 @@ def launch(call, target: str) -> None:
             kernel(call.weights[lo:hi], call.denominator[lo:hi], call.normalized[lo:hi])
 
     num_rows = call.weights.shape[0]
-    if target == "cpu":
-        run_rows(run, num_rows, align=BLOCK_M, min_rows=4 * BLOCK_M)
-    else:
-        run(0, num_rows)
+    launch_rows(target, run, num_rows, align=BLOCK_M, min_rows=4 * BLOCK_M)
 
 
 def normalize_weight_parallel(topk_weights, *, target: str | None = None, flavor: str | None = None):

@@ -20,7 +20,7 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.tl.shell import SIMT, Shell
 
 from .kernel_common import STATUS_NONFINITE, STATUS_WORDS, block_m, is_nonfinite, padded, row_chunks, take_max
@@ -85,10 +85,7 @@ def launch(call, target: str) -> None:
         for lo, hi in row_chunks(start, stop, spec.num_experts):
             kernel(call.scores[lo:hi], idx[lo:hi], call.status)
 
-    if target == "cpu":
-        run_rows(run, call.scores.shape[0], align=block_m(spec.num_experts), min_rows=256)
-    else:
-        run(0, call.scores.shape[0])
+    launch_rows(target, run, call.scores.shape[0], align=block_m(spec.num_experts), min_rows=256)
 
 
 def topk_gate_parallel(scores, num_topk, *, target: str | None = None, flavor: str | None = None):

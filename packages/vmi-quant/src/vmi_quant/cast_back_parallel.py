@@ -26,7 +26,7 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.sf_layout import SFLayout
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMT, Shell
@@ -174,10 +174,7 @@ def launch(call, target: str) -> None:
         sf, sf_sm, sf_sk = layout.kernel_view(call.sf[start // sf_rows_per_sf_row:])
         kernel(x[start:stop], sf, out[start:stop], x.stride(0), sf_sm, sf_sk)
 
-    if target == "cpu":
-        run_rows(run, num_tokens, align=math.lcm(sf_rows_per_sf_row, BLOCK_M), min_rows=4 * BLOCK_M)
-    else:
-        run(0, num_tokens)
+    launch_rows(target, run, num_tokens, align=math.lcm(sf_rows_per_sf_row, BLOCK_M), min_rows=4 * BLOCK_M)
 
 
 def cast_back_parallel(x, fmt: str, x_block_size, x_special_fmt=None, *, target: str | None = None,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMT, Shell
@@ -183,10 +183,7 @@ def launch(call, target: str) -> None:
             else:
                 kernel(x[lo:hi], out[lo:hi])
 
-    if target == "cpu":
-        run_rows(run, n, align=BLOCK, min_rows=16 * BLOCK)
-    else:
-        run(0, n)
+    launch_rows(target, run, n, align=BLOCK, min_rows=16 * BLOCK)
 
 
 def cast_parallel(x, dtype, stochastic_rounding=False, *, target: str | None = None, flavor: str | None = None):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
@@ -199,10 +199,7 @@ def launch(call, target: str) -> None:
         else:
             kernel(x[start:stop], out[start:stop], sf, x.stride(0), out.stride(0), sf_sm, sf_sk)
 
-    if target == "cpu":
-        run_rows(run, num_tokens, align=ALIGN, min_rows=2 * ALIGN)
-    else:
-        run(0, num_tokens)
+    launch_rows(target, run, num_tokens, align=ALIGN, min_rows=2 * ALIGN)
 
 
 def per_block_cast_parallel(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.tl import formats as F
 from vmi_core.tl.reduce import segment_reduce
@@ -120,10 +120,7 @@ def launch(call, target: str) -> None:
     def run(start: int, stop: int) -> None:
         kernel(bits[start:stop], bits.stride(0))
 
-    if target == "cpu":
-        run_rows(run, x.shape[0], align=BLOCK_M, min_rows=4 * BLOCK_M)
-    else:
-        run(0, x.shape[0])
+    launch_rows(target, run, x.shape[0], align=BLOCK_M, min_rows=4 * BLOCK_M)
 
 
 def per_token_cast_and_cast_back_parallel(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,

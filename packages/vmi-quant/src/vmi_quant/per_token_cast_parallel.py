@@ -27,7 +27,7 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import run_rows
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
@@ -262,10 +262,7 @@ def launch(call, target: str) -> None:
         else:
             kernel(rows, xsf, out[start:stop], sf, x.stride(0), out.stride(0), xsf_sm, xsf_sk, sf_sm, sf_sk)
 
-    if target == "cpu":
-        run_rows(run, num_tokens, align=math.lcm(align, BLOCK_M), min_rows=4 * BLOCK_M)
-    else:
-        run(0, num_tokens)
+    launch_rows(target, run, num_tokens, align=math.lcm(align, BLOCK_M), min_rows=4 * BLOCK_M)
 
 
 def per_token_cast_parallel(x, fmt: str, num_per_channels: int, x_block_size=None,
