@@ -73,16 +73,22 @@ def new_status(device: torch.device) -> torch.Tensor:
     return torch.zeros(STATUS_WORDS, dtype=torch.int32, device=device)
 
 
-_STATUS_MESSAGES = {
-    STATUS_NONFINITE: "{scores} contains non-finite values (NaN or +-inf) in rows that are routed",
-    STATUS_BAD_INDEX: "unmapped_topk_idx holds fixed-routing experts outside [0, num_experts)",
-    STATUS_BAD_COUNT: "logical_count holds replica counts outside [1, to_physical_map.size(1)]",
-}
+def raise_status(status: torch.Tensor, op: str, values: str, indices: str = "") -> None:
+    """Raise ``ValueError`` naming the arguments for every flag the kernel raised (one device sync).
 
-
-def raise_status(status: torch.Tensor, scores: str) -> None:
-    """Raise ``ValueError`` for every flag the kernel raised (one device sync)."""
+    ``values``: the argument whose non-finite entries the kernel flags; ``indices``: the
+    argument whose expert ids it flags.
+    """
     words = status.tolist()
-    errors = [msg.format(scores=scores) for word, msg in _STATUS_MESSAGES.items() if words[word]]
+    errors = []
+    if words[STATUS_NONFINITE]:
+        errors.append(f"{values} contains non-finite values (NaN or +-inf) where {op} reads them")
+    if words[STATUS_BAD_INDEX]:
+        errors.append(f"{indices} holds expert ids outside [0, num_experts) (-1 marks an unused slot)"
+                      if op == "moe_topk_gate_backward" else
+                      f"{indices} holds fixed-routing experts outside [0, num_experts)")
+    if words[STATUS_BAD_COUNT]:
+        errors.append("logical_count holds replica counts outside [1, to_physical_map.size(1)], or force-random "
+                      "routing has fewer physical experts than slots")
     if errors:
-        raise ValueError("; ".join(errors))
+        raise ValueError(f"{op}: " + "; ".join(errors))

@@ -21,11 +21,13 @@ import tilelang.language as T
 from vmi_core.tl import formats as F
 from vmi_core.tl.softplus import fma
 
-# Tokens per work tile: as many as one 32 KiB row tile holds (a power of two), so that
-# narrow gates keep more SIMT threads busy and wide ones still double-buffer in the UB.
-ROW_TILE_BYTES = 32 * 1024
+# Tokens per work tile: the largest power of two up to 128 whose double-buffered row
+# tiles fit the UB budget, so narrow gates keep more SIMT threads busy and wide ones fit.
+# TileLang gives SIMT kernels 216 KiB of the 248 KiB UB; the rest of the budget is left
+# to the per-worker tiles (bias rows, replica map).
+TILE_BUDGET_BYTES = 176 * 1024
+TILE_VERSIONS = 2
 MAX_BLOCK_M = 128
-MIN_BLOCK_M = 16
 # The denominator's epsilon: turns an all-zero row's 0/0 into 0.
 DENOM_EPS = 1e-20
 # The lane count of the butterfly summation order (a CUDA warp).
@@ -52,10 +54,15 @@ def row_chunks(start: int, stop: int, row_elems: int):
     return [(lo, min(lo + step, stop)) for lo in range(start, stop, step)]
 
 
-def block_m(row_elems: int) -> int:
-    """Tokens per work tile for rows of ``row_elems`` 4-byte values (16 to 128)."""
+def row_bytes(*widths: int) -> int:
+    """Bytes one token takes in row tiles of ``widths`` 4-byte elements (rows padded to 32 bytes)."""
+    return sum(4 * padded(w) for w in widths)
+
+
+def tile_rows(token_bytes: int) -> int:
+    """Tokens per work tile for ``token_bytes`` of row tiles per token (1 to 128)."""
     rows = MAX_BLOCK_M
-    while rows > MIN_BLOCK_M and rows * padded(row_elems) * 4 > ROW_TILE_BYTES:
+    while rows > 1 and rows * token_bytes * TILE_VERSIONS > TILE_BUDGET_BYTES:
         rows //= 2
     return rows
 

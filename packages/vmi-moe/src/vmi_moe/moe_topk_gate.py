@@ -168,7 +168,7 @@ def run_moe_topk_gate(args: tuple, target, flavor, kernel_only=False):
         _run_reference(call)
     elif call.logits.shape[0]:
         parallel.launch(call, target)
-        raise_status(call.status, "logits")
+        raise_status(call.status, "moe_topk_gate_forward", "logits", "unmapped_topk_idx")
     return call.topk_idx, call.topk_weights
 
 

@@ -89,7 +89,7 @@ def run_moe_topk_gate_backward(args: tuple, target, flavor, kernel_only=False):
             mask=call.mask, grad_scores_sum=call.grad_scores_sum))
     elif call.scores.shape[0]:
         parallel.launch(call, target)
-        raise_status(call.status, "scores")
+        raise_status(call.status, "moe_topk_gate_backward", "scores", "topk_idx")
     return call.grad_logits
 
 

@@ -38,7 +38,7 @@ from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.softplus import sqrt_softplus_backward
 
-from .kernel_common import DENOM_EPS, STATUS_BAD_INDEX, STATUS_WORDS, block_m, padded, row_chunks
+from .kernel_common import DENOM_EPS, STATUS_BAD_INDEX, STATUS_WORDS, padded, row_bytes, row_chunks, tile_rows
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,19 @@ class GateBackwardSpec:
     flavor: str
     has_aux: bool = False
 
+    @property
+    def block_m(self) -> int:
+        """Tokens per work tile (scores, gradient, index pairs, weights, weight gradients, sequence rows)."""
+        E, K = self.num_experts, self.num_topk
+        return tile_rows(row_bytes(E, E, 2 * K, K, K, *((E,) if self.has_aux else ())))
+
 
 def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
     """The TileLang prim_func of ``spec`` for ``target``."""
     sh = Shell(target)
     TK = sh.T
     E, K = spec.num_experts, spec.num_topk
-    BM = block_m(E)
+    BM = spec.block_m
     flavor = get_flavor(spec.flavor)
     M = TK.dynamic("M")
     NSEQ = TK.dynamic("NSEQ")
@@ -191,7 +197,7 @@ def launch(call, target: str) -> None:
                    call.routed_scaling_factor, lo, tokens_per_seq)
 
     num_tokens = call.scores.shape[0]
-    launch_rows(target, run, num_tokens, align=block_m(spec.num_experts), min_rows=256)
+    launch_rows(target, run, num_tokens, align=spec.block_m, min_rows=256)
 
 
 def moe_topk_gate_backward_parallel(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,

@@ -45,13 +45,14 @@ from .kernel_common import (
     STATUS_BAD_INDEX,
     STATUS_NONFINITE,
     STATUS_WORDS,
-    block_m,
     is_nonfinite,
     ordered_sum,
     padded,
     quotient,
+    row_bytes,
     row_chunks,
     take_max,
+    tile_rows,
 )
 
 # The replica-choice multiplier of the token index.
@@ -87,6 +88,12 @@ class GateSpec:
     def num_logical(self) -> int:
         return self.num_experts + self.num_shared
 
+    @property
+    def block_m(self) -> int:
+        """Tokens per work tile (logits/scores, keys, index pairs, weights, logical pairs)."""
+        E, K, P = self.num_experts, self.num_topk, self.num_physical_topk
+        return tile_rows(row_bytes(E, E, 2 * P, P, 2 * K))
+
 
 def build_moe_topk_gate(spec: GateSpec, target: str):
     """The TileLang prim_func of ``spec`` for ``target``."""
@@ -94,7 +101,7 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
     TK = sh.T
     E, K, S, P, L, DUP = (spec.num_experts, spec.num_topk, spec.num_shared, spec.num_physical_topk,
                           spec.num_logical, spec.num_replicas)
-    BM = block_m(E)
+    BM = spec.block_m
     flavor = get_flavor(spec.flavor)
     M = TK.dynamic("M")
     un_stride = TK.dynamic("un_stride")
@@ -335,7 +342,7 @@ def launch(call, target: str) -> None:
                    un.stride(0), lo, call.ep_rank, call.routed_scaling_factor)
 
     num_tokens = call.logits.shape[0]
-    launch_rows(target, run, num_tokens, align=block_m(spec.num_experts), min_rows=256)
+    launch_rows(target, run, num_tokens, align=spec.block_m, min_rows=256)
 
 
 def moe_topk_gate_forward_parallel(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,

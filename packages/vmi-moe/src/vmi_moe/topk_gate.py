@@ -49,7 +49,7 @@ def run_topk_gate(scores, num_topk, target, flavor, kernel_only=False):
         return topk_idx
     call = TopkGateCall(parallel.TopkGateSpec(num_experts, num_topk), scores, topk_idx, new_status(scores.device))
     parallel.launch(call, target)
-    raise_status(call.status, "scores")
+    raise_status(call.status, "topk_gate", "scores")
     return topk_idx
 
 

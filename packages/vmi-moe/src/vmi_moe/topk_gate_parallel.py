@@ -23,7 +23,16 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.tl.shell import SIMT, Shell
 
-from .kernel_common import STATUS_NONFINITE, STATUS_WORDS, block_m, is_nonfinite, padded, row_chunks, take_max
+from .kernel_common import (
+    STATUS_NONFINITE,
+    STATUS_WORDS,
+    is_nonfinite,
+    padded,
+    row_bytes,
+    row_chunks,
+    take_max,
+    tile_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -33,13 +42,18 @@ class TopkGateSpec:
     num_experts: int
     num_topk: int
 
+    @property
+    def block_m(self) -> int:
+        """Tokens per work tile (score row and index pairs)."""
+        return tile_rows(row_bytes(self.num_experts, 2 * self.num_topk))
+
 
 def build_topk_gate(spec: TopkGateSpec, target: str):
     """The TileLang prim_func of ``spec`` for ``target``."""
     sh = Shell(target)
     TK = sh.T
     E, K = spec.num_experts, spec.num_topk
-    BM = block_m(E)
+    BM = spec.block_m
     M = TK.dynamic("M")
 
     @TK.prim_func
@@ -85,7 +99,7 @@ def launch(call, target: str) -> None:
         for lo, hi in row_chunks(start, stop, spec.num_experts):
             kernel(call.scores[lo:hi], idx[lo:hi], call.status)
 
-    launch_rows(target, run, call.scores.shape[0], align=block_m(spec.num_experts), min_rows=256)
+    launch_rows(target, run, call.scores.shape[0], align=spec.block_m, min_rows=256)
 
 
 def topk_gate_parallel(scores, num_topk, *, target: str | None = None, flavor: str | None = None):
