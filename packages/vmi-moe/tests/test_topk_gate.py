@@ -3,27 +3,27 @@
 Indices are compared with ``assert_bitwise_equal`` (dtype int64, shape ``[T, K]``, strides
 ``(K, 1)``). The data mix normal samples with constructed ties (all-equal rows, equal maxima
 at columns 31/32 and 63/64, integer rows), signed zeros, subnormals and the largest finite
-values; token counts cover the empty input, one token, the tail of a 32-row (16 for wide
-rows) work tile, several tiles, and rows split over cpu threads. The rank order of the tie
-rows is also checked against indices written down from the rule (descending, ties to the
-lower index), and the spec's worked example (§9.1) literally. One kernel is compiled per
-``(E, K)``; the flavor does not change a bit, which is checked too.
+values; token counts cover the empty input, one token, 33, one token past a work tile
+(``TopkGateSpec.block_m`` rows), several tiles with a tail, and rows split over cpu
+threads. The rank order of the tie rows is also checked against indices written down from
+the rule (descending, ties to the lower index), and the spec's worked example (§9.1)
+literally. One kernel is compiled per ``(E, K)``; the flavor does not change a bit, which
+is checked too.
 """
 
 import pytest
 import torch
-from moe_cases import TIE_KINDS, tie_expectations, with_ties
+from moe_cases import TIE_KINDS, tie_expectations, token_counts, with_ties
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
 from vmi_core.testing import assert_bitwise_equal, generator
 from vmi_moe import topk_gate, topk_gate_parallel
-from vmi_moe.kernel_common import block_m
 from vmi_moe.reference import stable_topk
+from vmi_moe.topk_gate_parallel import TopkGateSpec
 
 # (E, K): the largest gate width, the widest resident row (16-row tiles), E not a multiple of
 # 8 or 32, K = 1 and K = 32.
 SIZES = [(256, 8), (384, 6), (72, 6), (36, 1), (36, 32)]
-TOKENS = [0, 1, 17, 33, 300]
 # The v1 test matrix (spec §3.7) plus the widths above.
 FULL_SIZES = [(72, 6), (32, 6), (64, 6), (96, 6), (16, 6), (36, 6), (108, 6), (128, 6), (144, 6), (256, 8),
               (384, 8), (500, 32), (33, 32), (1, 1)]
@@ -45,7 +45,7 @@ def scores_for(num_tokens: int, num_experts: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(("E", "K"), SIZES, ids=[f"E{e}-K{k}" for e, k in SIZES])
 def test_matches_reference(E: int, K: int) -> None:
-    for seed, T in enumerate(TOKENS):
+    for seed, T in enumerate(token_counts(TopkGateSpec(E, K).block_m)):
         x = scores_for(T, E, seed)
         idx = topk_gate(x, K, target="cpu")
         assert_bitwise_equal(idx, stable_topk(x, K), f"T={T}")
@@ -87,7 +87,7 @@ def test_signed_zeros_subnormals_and_extremes() -> None:
 def test_rows_split_over_threads(monkeypatch) -> None:
     monkeypatch.setenv(THREADS_ENV, "3")
     E, K, T = 72, 6, 1000
-    assert len(row_ranges(T, 3, block_m(E), 256)) == 3
+    assert len(row_ranges(T, 3, TopkGateSpec(E, K).block_m, 256)) >= 2
     x = scores_for(T, E, 7)
     idx = topk_gate(x, K, target="cpu")
     assert_bitwise_equal(idx, stable_topk(x, K))

@@ -120,10 +120,10 @@ def ordered_sum(terms: list, order: str):
 
 @T.macro
 def quotient(w, d, checked: bool):
-    """``w / d`` (``w, d >= 0``), correctly rounded.
+    """``w / d``, correctly rounded.
 
-    With ``checked`` (devices whose division is only nearly correct) the quotient is
-    replaced by its lower or upper neighbour when that one's residual
+    With ``checked`` (devices whose division is only nearly correct) a finite non-zero
+    quotient is replaced by its neighbour below or above (by bit pattern) when that one's residual
     ``|fma(q', -d, w)|`` is strictly smaller. Where division is IEEE this changes nothing:
     a correctly rounded quotient has the smallest residual, and keeps it on the exact
     ties of the subnormal range.
@@ -131,10 +131,13 @@ def quotient(w, d, checked: bool):
     q = T.alloc_var("float32")
     q = w / d
     if checked:
+        magnitude = T.alloc_var("int32")
         lower = T.alloc_var("float32")
         upper = T.alloc_var("float32")
         err = T.alloc_var("float32")
-        if F.f32_bits(q) > F.u32(0):
+        # Zeros, infinities and NaN stay as divided (their neighbours by bits are no candidates).
+        magnitude = T.reinterpret(q, "int32") & 0x7FFFFFFF
+        if magnitude > 0 and magnitude < 0x7F800000:
             lower = F.f32_from_bits(F.f32_bits(q) - F.u32(1))
             upper = F.f32_from_bits(F.f32_bits(q) + F.u32(1))
             err = T.abs(fma(q, -d, w))

@@ -1,0 +1,82 @@
+"""moe_topk_gate_backward lowers for ascend and cuda, with and without the auxiliary term.
+
+Ascend: the generated AscendC keeps the whole per-token body in one SIMT region (the
+README's SIMT exception: per-lane serial sums, scatters into the row and the derivative's
+branches), with no SIMD region; the score rows, index pairs, weights and weight
+gradients (and, with the auxiliary term, the rows of ``grad_scores_sum``) come in by DMA
+and the gradient rows go out by DMA; the sequence rows and the mask are read only when the
+term is on; the workers are the vector cores. CUDA: the source compiles with nvcc.
+"""
+
+import re
+
+import pytest
+
+from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_moe.moe_topk_gate_backward_parallel import GateBackwardSpec, moe_topk_gate_backward_source
+
+
+def spec_id(spec: GateBackwardSpec) -> str:
+    return f"E{spec.num_experts}-K{spec.num_topk}-{spec.flavor}-{'aux' if spec.has_aux else 'noaux'}"
+
+
+# A DMA from global memory whose source is the named kernel argument.
+_DMA_FROM = r"asc_copy_gm2ub_align\([^;]*\(&\({}\["
+
+
+def check_ascend_source(src: str, spec: GateBackwardSpec) -> None:
+    assert "__global__ __vector__ void moe_topk_gate_backward_kernel" in src
+    assert_vector_regions(src, simd=0, simt=1)
+    gm_to_ub, ub_to_gm = dma_counts(src)
+    # scores, index pairs, weights, weight gradients (+ the sequence rows of grad_scores_sum).
+    assert gm_to_ub >= (5 if spec.has_aux else 4), f"{gm_to_ub} DMA loads"
+    assert ub_to_gm >= 1, "the gradient rows are not stored by DMA"
+    for name in ("SCORES", "IDX", "W", "GW"):
+        assert re.search(_DMA_FROM.format(name), src), f"{name} is not loaded by DMA"
+    assert bool(re.search(_DMA_FROM.format("H"), src)) == spec.has_aux
+    assert ("MASK[" in src) == spec.has_aux
+    assert "block_idx" in src
+    # Unsigned compares against constants must not have become divisions (toolchain note).
+    assert "/ (uint32_t)" not in src
+
+
+@pytest.mark.parametrize("aux", [False, True], ids=["noaux", "aux"])
+def test_ascend_lowering(aux: bool):
+    spec = GateBackwardSpec(72, 6, "ascend", has_aux=aux)
+    check_ascend_source(moe_topk_gate_backward_source(spec, "ascend"), spec)
+
+
+# Tile sizes 128, 32 and 16 rows; K = 1; and K large against E, where the index-pair,
+# weight and gradient tiles (and the sequence rows) take much of the UB next to the score rows.
+ASCEND_FULL = [GateBackwardSpec(e, k, "ascend", aux)
+               for e, k in [(36, 1), (36, 32), (64, 24), (128, 32), (256, 8), (384, 8), (8, 6)]
+               for aux in (False, True)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ASCEND_FULL, ids=spec_id)
+def test_ascend_lowering_full(spec: GateBackwardSpec):
+    check_ascend_source(moe_topk_gate_backward_source(spec, "ascend"), spec)
+
+
+def check_cuda_source(spec: GateBackwardSpec) -> None:
+    src = moe_topk_gate_backward_source(spec, "cuda")
+    assert "__global__" in src and "moe_topk_gate_backward_kernel" in src
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    nvcc_compile(src)
+
+
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("spec", [GateBackwardSpec(72, 6, "cuda", True), GateBackwardSpec(384, 8, "cuda", False)],
+                         ids=spec_id)
+def test_cuda_lowering_compiles(spec: GateBackwardSpec):
+    check_cuda_source(spec)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("spec", [GateBackwardSpec(e, k, "cuda", aux) for e, k in [(36, 32), (256, 8), (8, 1)]
+                                  for aux in (False, True)], ids=spec_id)
+def test_cuda_lowering_compiles_all(spec: GateBackwardSpec):
+    check_cuda_source(spec)

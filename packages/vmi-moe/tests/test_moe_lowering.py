@@ -1,0 +1,131 @@
+"""topk_gate, normalize_weight and moe_topk_gate_forward lower for ascend and cuda.
+
+Ascend (ascend flavor, the only one that target runs): the generated AscendC has one
+SIMT region (the per-token lane body) and no SIMD region, DMA copies in and out for
+every tensor that is staged on chip (at least: the row tile; for the gate also the bias
+rows, the replica map and counts and the fixed experts; out: indices and weights, plus
+the logical indices and scores when requested), and persistent scheduling over the
+vector cores (``block_idx``). CUDA (cuda flavor): the source compiles with nvcc for an
+explicit arch, where nvcc is installed. A covering set runs by default; the sweeps are slow.
+"""
+
+import itertools
+
+import pytest
+from moe_cases import GateCase, gate_spec
+
+from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_moe.moe_topk_gate_parallel import GateSpec, moe_topk_gate_source
+from vmi_moe.normalize_weight_parallel import NormalizeWeightSpec, normalize_weight_source
+from vmi_moe.topk_gate_parallel import TopkGateSpec, topk_gate_source
+
+
+def expected_dma(spec: GateSpec) -> tuple[int, int]:
+    """Lower bounds of (GM->UB, UB->GM) DMA copies of a gate kernel."""
+    gm_to_ub = 1 + spec.has_bias + spec.has_image + 2 * spec.has_map + spec.has_fixed
+    ub_to_gm = 2 + spec.has_unmapped + spec.has_scores
+    return gm_to_ub, ub_to_gm
+
+
+def check_ascend(src: str, kernel: str, dma: tuple[int, int]) -> None:
+    assert f"__global__ __vector__ void {kernel}" in src
+    assert_vector_regions(src, simd=0, simt=1)
+    gm_to_ub, ub_to_gm = dma_counts(src)
+    assert gm_to_ub >= dma[0], f"{gm_to_ub} GM->UB copies, expected at least {dma[0]}"
+    assert ub_to_gm >= dma[1], f"{ub_to_gm} UB->GM copies, expected at least {dma[1]}"
+    assert "block_idx" in src
+
+
+ALL = dict(mask=True, bias=True, image=True, fixed=True, force=True)
+GATE_ASCEND = [
+    GateCase(72, 6),
+    GateCase(256, 8, S=2, dup=3, **ALL),
+    GateCase(384, 6, S=1, dup=1, mask=True, image=True, force=True, unmapped=True, scores=False),
+]
+TOPK_ASCEND = [TopkGateSpec(256, 8), TopkGateSpec(36, 1)]
+NORMALIZE_ASCEND = [NormalizeWeightSpec(6, "ascend"), NormalizeWeightSpec(32, "ascend")]
+
+
+@pytest.mark.parametrize("case", GATE_ASCEND, ids=lambda c: c.id)
+def test_gate_ascend_lowering(case: GateCase) -> None:
+    spec = gate_spec(case)
+    check_ascend(moe_topk_gate_source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
+
+
+@pytest.mark.parametrize("spec", TOPK_ASCEND, ids=lambda s: f"E{s.num_experts}-K{s.num_topk}")
+def test_topk_gate_ascend_lowering(spec: TopkGateSpec) -> None:
+    check_ascend(topk_gate_source(spec, "ascend"), "topk_gate_kernel", (1, 1))
+
+
+@pytest.mark.parametrize("spec", NORMALIZE_ASCEND, ids=lambda s: f"K{s.num_topk}")
+def test_normalize_weight_ascend_lowering(spec: NormalizeWeightSpec) -> None:
+    # In: the weight rows; out: denominators and normalised rows.
+    check_ascend(normalize_weight_source(spec, "ascend"), "normalize_weight_kernel", (1, 2))
+
+
+CUDA_CASES = [
+    ("topk_gate-E72-K6", lambda: topk_gate_source(TopkGateSpec(72, 6), "cuda"), "topk_gate_kernel"),
+    ("normalize_weight-K8", lambda: normalize_weight_source(NormalizeWeightSpec(8, "cuda"), "cuda"),
+     "normalize_weight_kernel"),
+    ("gate-all", lambda: moe_topk_gate_source(gate_spec(GateCase(256, 8, S=2, dup=3, flavor="cuda", **ALL)), "cuda"),
+     "moe_topk_gate_kernel"),
+]
+
+
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize(("name", "source", "kernel"), CUDA_CASES, ids=[c[0] for c in CUDA_CASES])
+def test_cuda_lowering_compiles(name, source, kernel) -> None:
+    src = source()
+    assert "__global__ void" in src and kernel in src
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    nvcc_compile(src)
+
+
+# --- sweeps ------------------------------------------------------------------------------------
+
+FLAG_NAMES = ("mask", "bias", "image", "fixed", "force", "dup")
+GATE_PRODUCT = [
+    GateCase(72, 6, S=2 if flags[-1] else 0, dup=3 if flags[-1] else 0,
+             **{n: v for n, v in zip(FLAG_NAMES[:-1], flags[:-1], strict=True)})
+    for flags in itertools.product((False, True), repeat=len(FLAG_NAMES))
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", GATE_PRODUCT, ids=lambda c: c.id)
+def test_gate_ascend_lowering_full(case: GateCase) -> None:
+    spec = gate_spec(case)
+    check_ascend(moe_topk_gate_source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
+
+
+SIZES = [(16, 6), (36, 32), (72, 6), (144, 6), (256, 8), (384, 8), (500, 32)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("E", "K"), SIZES, ids=[f"E{e}-K{k}" for e, k in SIZES])
+def test_sizes_ascend_lowering_full(E: int, K: int) -> None:
+    check_ascend(topk_gate_source(TopkGateSpec(E, K), "ascend"), "topk_gate_kernel", (1, 1))
+    spec = gate_spec(GateCase(E, min(K, 30), S=2, dup=2, **ALL))
+    check_ascend(moe_topk_gate_source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("K", [1, 2, 3, 7, 8, 9, 16, 17, 31, 32])
+def test_normalize_weight_ascend_lowering_full(K: int) -> None:
+    check_ascend(normalize_weight_source(NormalizeWeightSpec(K, "ascend"), "ascend"), "normalize_weight_kernel",
+                 (1, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("case", [GateCase(**{**c.__dict__, "flavor": "cuda"}) for c in GATE_ASCEND]
+                         + [GateCase(72, 1, S=1, dup=1, flavor="cuda", mask=True, force=True)], ids=lambda c: c.id)
+def test_gate_cuda_lowering_compiles_all(case: GateCase) -> None:
+    src = moe_topk_gate_source(gate_spec(case), "cuda")
+    if nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    nvcc_compile(src)
+    src = normalize_weight_source(NormalizeWeightSpec(case.K, "cuda"), "cuda")
+    nvcc_compile(src)
+    nvcc_compile(topk_gate_source(TopkGateSpec(case.E, case.K), "cuda"))

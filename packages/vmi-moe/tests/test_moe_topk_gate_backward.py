@@ -1,0 +1,414 @@
+"""moe_topk_gate_backward on the cpu target (both flavors) against the float64 reference.
+
+The inputs come from the cpu forward kernel (``scores=``, ``unmapped_topk_idx=``): biased
+routing, fixed routing with duplicated experts (some rows with one expert in every slot),
+force-random tokens and padded tokens at the tail of every sequence; some routed tokens
+also stay out of the auxiliary statistic. Each ``GateBackwardSpec`` (E, K, flavor, aux) is
+one compiled kernel; the token count, the number of sequences and the tokens per sequence
+are runtime values, so one case runs several of them: no token, one token, sequences whose
+boundaries fall inside a work tile (``GateBackwardSpec.block_m`` rows) and one token per sequence.
+
+Results are checked against the reference with the spec's tolerance (§6.8) and with an
+element-wise worst-case bound on the fp32 rounding of the kernel's steps (``rounding_bound``):
+4 to 7 times tighter than the spec's at the largest elements, about 20 times at typical
+ones, and exact where the gradient must be exactly zero.
+Padded, masked and force-random rows must be +0.0 bit for bit; ``out=``, repeated calls and
+thread splits must not change a bit. The worked examples of spec §9.4 and §9.5 are
+checked against values written down from the formulas.
+"""
+
+import importlib
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from vmi_core.cpu_parallel import THREADS_ENV, cpu_threads, row_ranges
+from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_moe import moe_topk_gate_backward, moe_topk_gate_backward_parallel, moe_topk_gate_forward
+from vmi_moe.moe_topk_gate_backward_parallel import GateBackwardSpec
+from vmi_moe.reference import moe_topk_gate_backward as reference_backward
+
+SCALE = 1.5
+UNIT = 2.0**-24  # fp32 unit roundoff
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel specialisation."""
+
+    E: int
+    K: int
+    flavor: str
+    aux: bool
+
+    def __str__(self) -> str:
+        return f"E{self.E}-K{self.K}-{self.flavor}-{'aux' if self.aux else 'noaux'}"
+
+
+# Both flavors with and without the auxiliary term at E = 72 (not a multiple of 32); the
+# widest gate of TileKernels' tests; the widest rows; narrow gates with K = 32 and K = 1.
+# Between them they use work tiles of 128, 64 and 16 rows.
+CASES = [
+    Case(72, 6, "ascend", True), Case(72, 6, "cuda", True), Case(72, 6, "ascend", False), Case(72, 6, "cuda", False),
+    Case(256, 8, "ascend", True), Case(384, 8, "cuda", True), Case(384, 8, "ascend", False),
+    Case(40, 32, "ascend", True), Case(8, 1, "cuda", True),
+]
+FULL_CASES = [Case(e, k, flavor, aux) for e, k in [(36, 6), (72, 6), (72, 8), (256, 8), (384, 8), (64, 1), (72, 32),
+                                                   (384, 32)]
+              for flavor in ("ascend", "cuda") for aux in (False, True)]
+
+
+def spec_of(case: Case) -> GateBackwardSpec:
+    return GateBackwardSpec(case.E, case.K, case.flavor, case.aux)
+
+
+def sizes(case: Case) -> list[tuple[int, int]]:
+    """``(num_tokens, num_sequences)`` pairs: sequence boundaries inside work tiles, one token per sequence."""
+    bm = spec_of(case).block_m
+    tokens_per_seq = bm // 2 + 5
+    if case.aux:
+        return [(0, 2), (1, 1), (33, 3), (3 * tokens_per_seq, 3), (2 * (bm + 7), 2), (bm + 3, bm + 3)]
+    return [(0, 1), (1, 1), (33, 3), (bm + 1, 1), (5 * bm - 3, 1)]
+
+
+@dataclass
+class GateData:
+    """The saved quantities of a forward pass plus upstream gradients."""
+
+    scores: torch.Tensor
+    topk_idx: torch.Tensor  # the forward's unmapped_topk_idx
+    weights: torch.Tensor
+    grad: torch.Tensor
+    mask: torch.Tensor  # tokens in the auxiliary statistic
+    h: torch.Tensor
+    dead: torch.Tensor  # masked and force-random tokens: no expert, scores 0
+
+    def args(self) -> tuple:
+        return self.scores, self.topk_idx, self.weights, self.grad, SCALE
+
+    def aux(self, case: Case) -> dict:
+        return {"mask": self.mask, "grad_scores_sum": self.h} if case.aux else {}
+
+
+def tail_padding(num_tokens: int, num_seqs: int) -> torch.Tensor:
+    """The forward mask: the last sixth of every sequence padded (every fifth token for short sequences)."""
+    mask = torch.ones(num_tokens, dtype=torch.bool)
+    tokens_per_seq = num_tokens // num_seqs
+    if tokens_per_seq >= 6:
+        pad = tokens_per_seq // 6
+        for seq in range(num_seqs):
+            mask[(seq + 1) * tokens_per_seq - pad:(seq + 1) * tokens_per_seq] = False
+    else:
+        mask[4::5] = False
+    return mask
+
+
+def gate_data(case: Case, num_tokens: int, num_seqs: int, seed: int) -> GateData:
+    """Forward quantities and random upstream gradients. The forward always runs the ascend
+    flavor (one forward kernel per (E, K)): the backward takes any scores and weights."""
+    g = generator(seed)
+    E, K = case.E, case.K
+    logits = torch.randn(num_tokens, E, generator=g) * 2.0
+    bias = torch.randn(E, generator=g) * 0.5
+    mask = tail_padding(num_tokens, num_seqs)
+    fixed = torch.rand(num_tokens, generator=g) < 0.3
+    given = torch.randint(0, E, (num_tokens, K), generator=g)
+    if K > 1:
+        # Not on token 0: a single token whose route terms cancel leaves the spec's tolerance,
+        # relative to the largest element, nothing to work with.
+        given[1::3, 1] = given[1::3, 0]
+        given[3::7] = given[3::7, :1]
+    force = torch.rand(num_tokens, generator=g) < 0.1
+    scores = torch.full((num_tokens, E), float("nan"))
+    unmapped = given.clone()
+    _, weights = moe_topk_gate_forward(logits, K, False, 0, SCALE, 0, mask=mask, bias=bias, fix_routing_mask=fixed,
+                                       unmapped_topk_idx=unmapped, force_random=force, scores=scores, target="cpu",
+                                       flavor="ascend")
+    dead = ~mask | force
+    in_statistic = ~dead & (torch.rand(num_tokens, generator=g) >= 0.1)
+    return GateData(scores, unmapped, weights[:, :K].contiguous(), torch.randn(num_tokens, K, generator=g),
+                    in_statistic, torch.randn(num_seqs, E, generator=g), dead)
+
+
+def run(case: Case, data: GateData, **call) -> torch.Tensor:
+    return moe_topk_gate_backward(*data.args(), **data.aux(case), target="cpu", flavor=case.flavor, **call)
+
+
+def dscore(u: torch.Tensor) -> torch.Tensor:
+    """``d sqrt(softplus(x)) / dx`` from ``u`` in float64, 0 where ``u = 0``."""
+    positive = u > 0
+    safe = torch.where(positive, u, 1.0)
+    return torch.where(positive, -torch.expm1(-safe * safe) / (2.0 * safe), 0.0)
+
+
+def rounding_bound(scores, topk_idx, weights, grad, mask=None, grad_scores_sum=None) -> torch.Tensor:
+    """An element-wise bound (float64 ``[T, E]``) on ``|kernel - fp32 reference|``.
+
+    With ``u`` the fp32 unit roundoff and first-order error terms (``gamma_n = n u``):
+
+    * route term ``r_e = sum_{j: i_j = e} (s g_j - <g, w>) / D``: ``D`` and ``<g, w>`` are
+      fp32 sums of K terms, then per slot a product, a subtraction and a division, and the
+      slots of a duplicated expert add up: error <= (3K + 3) u R_e with
+      ``R_e = sum_{j: i_j = e} (|s g_j| + sum_k |g_k w_k|) / D``;
+    * aux term ``a_e = (h_e - <h, u> / U) / U`` (or its expanded form): ``U`` and ``<h, u>``
+      are fp32 sums of E terms and ``1 / U`` enters twice: error <= (3E + 4) u A_e with
+      ``A_e = (|h_e| + sum |h u| / U) / U``;
+    * ``r + a`` (one rounding), ``y'(u)`` from the fp32 ``u`` (within 1.5e-7 < 2.6 u relative,
+      spec §1.5), the product, and the reference's own rounding to fp32: at most 6 u times
+      ``y' (R + A)`` together, as ``|r_e| <= R_e`` and ``|a_e| <= A_e``.
+
+    Hence ``|kernel - reference| <= u y' ((3K + 10) R + (3E + 10) A)``. Elements outside the
+    selection without the aux term, and rows with ``u = 0``, must match exactly. Measured: the
+    error reaches about a tenth of the bound at most (17 u y' (R + A) at E = 384, 4.4 u y' R
+    without the aux term at E = 72); relative to ``max |reference|`` it is 0.7e-7 to 2.3e-7.
+    """
+    u = scores.double()
+    valid = topk_idx >= 0
+    slot = topk_idx.clamp(min=0)
+    g = torch.where(valid, grad.double(), 0.0)
+    d = torch.where(valid, u.gather(1, slot), 0.0).sum(dim=1, keepdim=True) + 1e-20
+    gw = (g * weights.double()).abs().sum(dim=1, keepdim=True)
+    route = torch.zeros_like(u).scatter_add_(1, slot, torch.where(valid, (SCALE * g.abs() + gw) / d, 0.0))
+    aux = torch.zeros_like(u)
+    if grad_scores_sum is not None and u.shape[0]:
+        h = grad_scores_sum.double().repeat_interleave(u.shape[0] // grad_scores_sum.shape[0], dim=0)
+        total = u.sum(dim=1, keepdim=True)
+        live = mask.reshape(-1, 1) & (total > 0)
+        safe = torch.where(live, total, 1.0)
+        aux = torch.where(live, (h.abs() + (h * u).abs().sum(dim=1, keepdim=True) / safe) / safe, 0.0)
+    num_topk, num_experts = topk_idx.shape[1], u.shape[1]
+    return UNIT * dscore(u) * ((3 * num_topk + 10) * route + (3 * num_experts + 10) * aux)
+
+
+def assert_matches_reference(got: torch.Tensor, args: tuple, aux: dict, label: str,
+                             spec_tolerance: bool = True) -> None:
+    ref = reference_backward(*args, **aux)
+    assert got.dtype == torch.float32 and got.shape == ref.shape, label
+    if spec_tolerance:  # the spec's criterion (§6.8)
+        atol = 1e-5 * ref.abs().max().item() if ref.numel() else 0.0
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=atol, msg=lambda m: f"{label}: {m}")
+    bound = rounding_bound(*args[:4], **aux)
+    err = (got.double() - ref.double()).abs()
+    bad = ~(err <= bound)  # NaN fails
+    if bool(bad.any()):
+        t, e = bad.nonzero()[0].tolist()
+        raise AssertionError(f"{label}: {int(bad.sum())} elements beyond the rounding bound; first at ({t}, {e}): "
+                             f"got {got[t, e].item()!r}, reference {ref[t, e].item()!r}, "
+                             f"bound {bound[t, e].item():.3g}")
+
+
+def assert_positive_zero_rows(got: torch.Tensor, rows: torch.Tensor, label: str) -> None:
+    bits = got[rows].view(torch.int32)
+    assert bool((bits == 0).all()), f"{label}: rows {rows.nonzero().flatten().tolist()[:8]} are not all +0.0"
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_reference(case: Case) -> None:
+    for seed, (num_tokens, num_seqs) in enumerate(sizes(case)):
+        data = gate_data(case, num_tokens, num_seqs, seed)
+        got = run(case, data)
+        label = f"{case} T={num_tokens} Nseq={num_seqs}"
+        assert_matches_reference(got, data.args(), data.aux(case), label)
+        assert_positive_zero_rows(got, data.dead, label)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FULL_CASES, ids=str)
+def test_matches_reference_full(case: Case) -> None:
+    for seed, (num_tokens, num_seqs) in enumerate(sizes(case) + [(1001, 7)]):
+        data = gate_data(case, num_tokens, num_seqs, seed)
+        assert_matches_reference(run(case, data), data.args(), data.aux(case), f"{case} T={num_tokens}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [Case(256, 8, "ascend", True), Case(72, 6, "cuda", True)], ids=str)
+def test_large_token_count(case: Case) -> None:
+    # Two sequences of 8192 + 10 tokens (the spec's 8001 plus padding, rounded past 2^14 in total).
+    data = gate_data(case, 2 * 8202, 2, 5)
+    got = run(case, data)
+    assert_matches_reference(got, data.args(), data.aux(case), str(case))
+    assert_positive_zero_rows(got, data.dead, str(case))
+
+
+@pytest.mark.parametrize("aux", [False, True])
+@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
+def test_padded_rows_are_positive_zero_with_negative_h(flavor: str, aux: bool) -> None:
+    # A negative h times the zero 1/U of a padded token is -0.0; the row must still come out +0.0.
+    case = Case(72, 6, flavor, aux)
+    data = gate_data(case, 3 * 37, 3, 11)
+    data.h = -(torch.rand(3, 72, generator=generator(12)) + 0.5)
+    got = run(case, data)
+    assert bool(data.dead.sum() >= 3)
+    assert_positive_zero_rows(got, data.dead, str(case))
+    assert_matches_reference(got, data.args(), data.aux(case), str(case))
+
+
+@pytest.mark.parametrize("num_seqs", [1, 3, 67])
+@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
+def test_each_token_reads_its_own_sequence_row(flavor: str, num_seqs: int) -> None:
+    """h of sequence s is zero but for a large value at its own column ``7s mod E``: for a
+    token of that sequence in the statistic and without upstream weight gradients, exactly
+    that column is positive and all others negative. Sequences of 67 tokens (boundaries
+    inside work tiles) and of one token (a tile spans many sequences)."""
+    case = Case(72, 6, flavor, True)
+    num_tokens = 67 * 3 if num_seqs == 3 else 67
+    data = gate_data(case, num_tokens, num_seqs, 20 + num_seqs)
+    data.grad = torch.zeros_like(data.grad)
+    columns = [7 * seq % 72 for seq in range(num_seqs)]
+    data.h = torch.zeros(num_seqs, 72)
+    for seq, col in enumerate(columns):
+        data.h[seq, col] = 10.0 ** (seq % 5) * (seq + 1)
+    got = run(case, data)
+    assert_matches_reference(got, data.args(), data.aux(case), str(case))
+    tokens_per_seq = num_tokens // num_seqs
+    for t in data.mask.nonzero().flatten().tolist():
+        positive = (got[t] > 0).nonzero().flatten().tolist()
+        assert positive == [columns[t // tokens_per_seq]], f"token {t}: positive columns {positive}"
+        assert int((got[t] < 0).sum()) == 71, f"token {t}"
+    assert_positive_zero_rows(got, ~data.mask, str(case))
+
+
+@pytest.mark.parametrize("num_seqs", [8, 1200])
+def test_rows_split_across_threads(monkeypatch, num_seqs: int) -> None:
+    """1200 tokens over three threads (ranges start at multiples of the work tile, inside
+    sequences) give the single-thread bits; each thread's kernel gets its row offset."""
+    case = Case(72, 6, "ascend", True)
+    data = gate_data(case, 1200, num_seqs, 30)
+    monkeypatch.setenv(THREADS_ENV, "3")
+    starts = [start for start, _ in row_ranges(1200, cpu_threads(), spec_of(case).block_m, 256)[1:]]
+    assert starts, "no thread split"
+    assert num_seqs == 1200 or any(start % (1200 // num_seqs) for start in starts)
+    split = run(case, data)
+    monkeypatch.setenv(THREADS_ENV, "1")
+    single = run(case, data)
+    assert_bitwise_equal(split, single, "3 threads vs 1")
+    assert_matches_reference(split, data.args(), data.aux(case), f"Nseq={num_seqs}")
+
+
+@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
+def test_out_tensor_determinism_and_entry_points(flavor: str) -> None:
+    case = Case(72, 6, flavor, True)
+    data = gate_data(case, 3 * 37, 3, 40)
+    fresh = run(case, data)
+    out = torch.full_like(data.scores, float("nan"))
+    returned = run(case, data, out=out)
+    assert returned is out
+    assert_bitwise_equal(out, fresh, "out=")
+    assert_bitwise_equal(run(case, data), fresh, "second call")
+    parallel = moe_topk_gate_backward_parallel(*data.args(), **data.aux(case), target="cpu", flavor=flavor)
+    assert_bitwise_equal(parallel, fresh, "_parallel entry")
+    torch_target = moe_topk_gate_backward(*data.args(), **data.aux(case), target="torch", flavor=flavor)
+    assert_bitwise_equal(torch_target, reference_backward(*data.args(), **data.aux(case)), "target='torch'")
+
+
+def test_no_tokens_launch_nothing(monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("a kernel was launched for zero tokens")
+
+    monkeypatch.setattr(importlib.import_module("vmi_moe.moe_topk_gate_backward_parallel"), "launch", fail)
+    empty = (torch.zeros(0, 72), torch.zeros(0, 6, dtype=torch.int64), torch.zeros(0, 6), torch.zeros(0, 6), SCALE)
+    for aux in ({}, {"mask": torch.zeros(0, dtype=torch.bool), "grad_scores_sum": torch.zeros(2, 72)}):
+        got = moe_topk_gate_backward(*empty, **aux, target="cpu")
+        assert got.shape == (0, 72) and got.dtype == torch.float32
+
+
+def dydx(y: float) -> float:
+    return -math.expm1(-y * y) / (2.0 * y)
+
+
+@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
+def test_worked_examples(flavor: str) -> None:
+    """Spec §9.4 and §9.5, padded to 72 experts with zero scores (which change no sum and get y' = 0).
+
+    Token 0: route example (experts 1, 2); token 1: fixed routing [1, 1], whose slot terms
+    -0.125 and 0.125 are exact and cancel; token 2: the aux example h = [1, -1]; token 3:
+    uniform h, whose aux term is exactly 0 in both flavors' rounding. One token per sequence.
+    """
+    E, K = 72, 6
+    scores = torch.zeros(4, E)
+    scores[0, :4] = torch.tensor([1.0, 3.0, 2.0, 0.5])
+    scores[1, :4] = torch.tensor([1.0, 3.0, 2.0, 0.5])
+    scores[2, :2] = torch.tensor([1.0, 3.0])
+    scores[3, :2] = torch.tensor([1.0, 3.0])
+    idx = torch.full((4, K), -1, dtype=torch.int64)
+    idx[0, :2] = torch.tensor([1, 2])
+    idx[1, :2] = torch.tensor([1, 1])
+    weights, grad = torch.zeros(4, K), torch.zeros(4, K)
+    weights[0, :2], grad[0, :2] = torch.tensor([0.9, 0.6]), torch.tensor([1.0, -1.0])
+    weights[1, :2], grad[1, :2] = torch.tensor([0.75, 0.75]), torch.tensor([1.0, 2.0])
+    h = torch.zeros(4, E)
+    h[:, :2] = torch.tensor([[5.0, 7.0], [5.0, 7.0], [1.0, -1.0], [0.5, 0.5]])
+    h[3, 2:] = 0.5
+    mask = torch.tensor([False, False, True, True])
+    args = (scores, idx, weights, grad, SCALE)
+    for aux in ({}, {"mask": mask, "grad_scores_sum": h}):
+        got = moe_topk_gate_backward(*args, **aux, target="cpu", flavor=flavor)
+        expected = torch.zeros(4, E)
+        expected[0, 1], expected[0, 2] = 0.24 * dydx(3.0), -0.36 * dydx(2.0)
+        assert expected[0, 1].item() == pytest.approx(0.0399951, abs=1e-7)
+        assert expected[0, 2].item() == pytest.approx(-0.0883516, abs=1e-7)
+        if aux:
+            expected[2, 0], expected[2, 1] = 0.375 * dydx(1.0), -0.125 * dydx(3.0)
+        # Exact zeros everywhere else (the cancellations included); the rest within y''s 1.5e-7 plus the
+        # fp32 rounding of the inputs 0.9 and 0.6.
+        zero = expected == 0
+        assert_bitwise_equal(got[zero], torch.zeros(int(zero.sum())), f"zeros aux={bool(aux)}")
+        torch.testing.assert_close(got[~zero], expected[~zero], rtol=5e-7, atol=0.0)
+
+
+def test_duplicated_expert_in_every_slot_cancels() -> None:
+    """Fixed routing with one expert in all K slots: every weight is ``s u / (K u)``, a
+    constant, so the route gradient is zero up to rounding (and exactly zero elsewhere)."""
+    case = Case(72, 6, "ascend", False)
+    g = generator(50)
+    num_tokens = 40
+    logits = torch.randn(num_tokens, 72, generator=g) * 2.0
+    expert = torch.randint(0, 72, (num_tokens, 1), generator=g)
+    unmapped = expert.repeat(1, 6)
+    scores = torch.empty(num_tokens, 72)
+    _, weights = moe_topk_gate_forward(logits, 6, False, 0, SCALE, 0, mask=torch.ones(num_tokens, dtype=torch.bool),
+                                       bias=torch.zeros(72), fix_routing_mask=torch.ones(num_tokens, dtype=torch.bool),
+                                       unmapped_topk_idx=unmapped,
+                                       force_random=torch.zeros(num_tokens, dtype=torch.bool), scores=scores,
+                                       target="cpu")
+    assert bool((unmapped == expert).all())
+    grad = torch.randn(num_tokens, 6, generator=g)
+    data = GateData(scores, unmapped, weights[:, :6].contiguous(), grad, None, None, None)
+    got = run(case, data)
+    others = torch.ones_like(got, dtype=torch.bool).scatter_(1, expert, False)
+    assert_bitwise_equal(got[others], torch.zeros(int(others.sum())), "columns of other experts")
+    # Without cancellation the column would be y' * sum_j |s g_j| / D, around 0.1 to 1.
+    at_expert = got.gather(1, expert).abs().double()
+    scale = dscore(scores.double().gather(1, expert)) * (SCALE * grad.abs().double().sum(1, keepdim=True)
+                                                         / (6 * scores.double().gather(1, expert)))
+    assert bool((at_expert <= 2.0**-18 * scale).all()), f"largest ratio {(at_expert / scale).max().item():.3g}"
+    # The reference is zero up to fp64 rounding: no scale for the spec's tolerance, only the bound.
+    assert_matches_reference(got, data.args(), {}, "all slots one expert", spec_tolerance=False)
+
+
+def test_bound_rejects_a_wrong_sequence_row() -> None:
+    """The checker can fail: the reference computed with every token on its neighbour
+    sequence's row of h is outside the rounding bound (and the spec tolerance)."""
+    g = generator(60)
+    num_tokens, num_seqs, E, K = 24, 3, 16, 4
+    scores = torch.rand(num_tokens, E, generator=g) + 0.2
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(num_tokens)])
+    weights, grad = torch.rand(num_tokens, K, generator=g), torch.randn(num_tokens, K, generator=g)
+    aux = {"mask": torch.ones(num_tokens, dtype=torch.bool), "grad_scores_sum": torch.randn(num_seqs, E, generator=g)}
+    args = (scores, idx, weights, grad, SCALE)
+    wrong = reference_backward(*args, mask=aux["mask"], grad_scores_sum=aux["grad_scores_sum"].roll(1, dims=0))
+    with pytest.raises(AssertionError):
+        assert_matches_reference(wrong, args, aux, "rolled h")
+    # A change the spec's tolerance lets through (1e-6 of the largest element, at the element
+    # with the smallest bound) is caught by the element-wise bound.
+    right = reference_backward(*args, **aux)
+    assert_matches_reference(right, args, aux, "itself")
+    bound = rounding_bound(*args[:4], **aux)
+    t, e = divmod(int(bound.argmin()), E)
+    nudged = right.clone()
+    nudged[t, e] += 1e-6 * right.abs().max()
+    torch.testing.assert_close(nudged, right, rtol=1e-5, atol=1e-5 * right.abs().max().item())
+    with pytest.raises(AssertionError, match="rounding bound"):
+        assert_matches_reference(nudged, args, aux, "nudged")
