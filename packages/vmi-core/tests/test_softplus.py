@@ -211,12 +211,13 @@ class TestForwardKernel:
         assert int(d.max()) <= 2, f"worst x = {float(x[d.argmax()])}: {int(d.max())} ulp"
         assert float((d == 0).double().mean()) >= 0.8
 
-    def test_cuda_within_1_ulp_of_torch(self):
-        """Where exp(x) is normal both sides round twice in libm and once in sqrt: <= 1 ulp.
+    def test_cuda_within_2_ulp_of_torch(self):
+        """Where exp(x) is normal both sides round twice in libm and once in sqrt.
 
-        glibc's ``expf``/``log1pf`` (as CUDA's) and torch's vectorized CPU kernels are
-        each within 1 ulp, and sqrt halves a relative error; measured: 1 ulp (e.g. at x = 0,
-        where torch's value is 1 ulp below the correctly rounded sqrt(ln 2)).
+        glibc's ``expf``/``log1pf`` (as CUDA's) and torch's vectorized CPU kernels each
+        land within 1 ulp of the correctly rounded value (asserted last, against fp64), so
+        they can be 2 apart (e.g. x = -1.2713590, where torch's own vectorized and scalar
+        paths differ by 1); at x = 0 torch's value is 1 ulp below sqrt(ln 2).
         Where exp(x) is subnormal (x < -87.3), y = sqrt(exp(x)) carries the subnormal's
         absolute error, so compare y^2: the two ``expf`` results are within one subnormal
         step and each sqrt rounding moves y^2 by at most 2^-149 (y^2 <= 2^-126): <= 3 * 2^-149
@@ -227,7 +228,7 @@ class TestForwardKernel:
         ref = sqrt_softplus(x, "cuda")
         normal = x > EXP_SUBNORMAL_BELOW
         d = ulps(y[normal], ref[normal])
-        assert int(d.max()) <= 1, f"worst x = {float(x[normal][d.argmax()])}"
+        assert int(d.max()) <= 2, f"worst x = {float(x[normal][d.argmax()])}"
         tail = (y[~normal].double() ** 2 - ref[~normal].double() ** 2).abs()
         assert float(tail.max()) <= 3 * F32_TINY
         # The same formula against the correctly rounded value (fp64): also <= 1 ulp there.
