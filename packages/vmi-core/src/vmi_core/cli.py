@@ -138,9 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # Compile progress is TileLang's INFO chatter; the command prints its own results.
-    logging.getLogger("tilelang").setLevel(logging.WARNING)
     ops = discover()
+    # Compile progress is TileLang's INFO chatter; the command prints its own results. After
+    # discover(): importing the ops imports TileLang, which sets up its own logger levels.
+    for name in ("tilelang", "tilelang.jit.kernel"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     handlers = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "source": cmd_source}
     try:
         return handlers[args.command](ops, args)
