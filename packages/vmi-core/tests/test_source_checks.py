@@ -11,6 +11,7 @@ import pytest
 from vmi_core.source_checks import (
     Region,
     assert_vector_regions,
+    barriers_in_thread_guards,
     dma_counts,
     nvcc_compile,
     nvcc_path,
@@ -142,3 +143,27 @@ def test_nvcc_failure_reports_stderr():
         pytest.skip("nvcc not found")
     with pytest.raises(AssertionError, match=r"(?s)nvcc failed \(exit \d+\) for arch sm_80:.*vmi_no_such"):
         nvcc_compile("__global__ void k() { vmi_no_such_type x; }\n", "sm_80")
+
+
+GUARDED = """\
+__simt_vf__ __launch_bounds__(128) inline void k_simt_vf_0(__ubuf__ uint8_t* buf) {
+  asc_syncthreads();
+  if (((int32_t)threadIdx.x) < 32) {
+    for (int32_t j = 0; j < 8; ++j) {
+      if (buf[j] != 0) { buf[j] = 1; }
+      asc_syncthreads();
+    }
+  }
+  asc_syncthreads();
+  if ((((int)threadIdx.x) < 16)) {
+    __syncthreads();
+  }
+}
+"""
+
+
+def test_barriers_in_thread_guards():
+    # The two inside the guards count; the ones between them do not.
+    assert barriers_in_thread_guards(GUARDED) == 2
+    assert barriers_in_thread_guards(GUARDED.replace("      asc_syncthreads();\n", "")) == 1
+    assert barriers_in_thread_guards("if (x < 3) { __syncthreads(); }") == 0

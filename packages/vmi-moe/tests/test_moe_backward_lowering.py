@@ -12,7 +12,13 @@ import re
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.source_checks import (
+    assert_vector_regions,
+    barriers_in_thread_guards,
+    dma_counts,
+    nvcc_compile,
+    nvcc_path,
+)
 from vmi_moe.moe_topk_gate_backward_parallel import GateBackwardSpec, moe_topk_gate_backward_source
 
 
@@ -27,6 +33,8 @@ _DMA_FROM = r"asc_copy_gm2ub_align\([^;]*\(&\({}\["
 def check_ascend_source(src: str, spec: GateBackwardSpec) -> None:
     assert "__global__ __vector__ void moe_topk_gate_backward_kernel" in src
     assert_vector_regions(src, simd=0, simt=1)
+    # Per-token loops run on fewer lanes than the region has threads: no barrier inside them.
+    assert barriers_in_thread_guards(src) == 0
     gm_to_ub, ub_to_gm = dma_counts(src)
     # scores, index pairs, weights, weight gradients (+ the sequence rows of grad_scores_sum).
     assert gm_to_ub >= (5 if spec.has_aux else 4), f"{gm_to_ub} DMA loads"
@@ -62,6 +70,7 @@ def test_ascend_lowering_full(spec: GateBackwardSpec):
 def check_cuda_source(spec: GateBackwardSpec) -> None:
     src = moe_topk_gate_backward_source(spec, "cuda")
     assert "__global__" in src and "moe_topk_gate_backward_kernel" in src
+    assert barriers_in_thread_guards(src) == 0
     if nvcc_path() is None:
         pytest.skip("nvcc not found")
     nvcc_compile(src)

@@ -14,7 +14,13 @@ import itertools
 import pytest
 from moe_cases import GateCase, gate_spec
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.source_checks import (
+    assert_vector_regions,
+    barriers_in_thread_guards,
+    dma_counts,
+    nvcc_compile,
+    nvcc_path,
+)
 from vmi_moe.moe_topk_gate_parallel import GateSpec, moe_topk_gate_source
 from vmi_moe.normalize_weight_parallel import NormalizeWeightSpec, normalize_weight_source
 from vmi_moe.topk_gate_parallel import TopkGateSpec, topk_gate_source
@@ -30,6 +36,8 @@ def expected_dma(spec: GateSpec) -> tuple[int, int]:
 def check_ascend(src: str, kernel: str, dma: tuple[int, int]) -> None:
     assert f"__global__ __vector__ void {kernel}" in src
     assert_vector_regions(src, simd=0, simt=1)
+    # Per-token loops run on fewer lanes than the region has threads: no barrier inside them.
+    assert barriers_in_thread_guards(src) == 0
     gm_to_ub, ub_to_gm = dma_counts(src)
     assert gm_to_ub >= dma[0], f"{gm_to_ub} GM->UB copies, expected at least {dma[0]}"
     assert ub_to_gm >= dma[1], f"{ub_to_gm} UB->GM copies, expected at least {dma[1]}"
@@ -77,6 +85,7 @@ CUDA_CASES = [
 def test_cuda_lowering_compiles(name, source, kernel) -> None:
     src = source()
     assert "__global__ void" in src and kernel in src
+    assert barriers_in_thread_guards(src) == 0
     if nvcc_path() is None:
         pytest.skip("nvcc not found")
     nvcc_compile(src)

@@ -165,6 +165,27 @@ def assert_vector_regions(src: str, *, simd: int | None = None, simt: int | None
     return regions
 
 
+_THREAD_GUARD = re.compile(r"\bif\s*\(\s*\(*\s*\(int(?:32_t)?\)\s*(?:simtvf_)?threadIdx\.x\s*\)*\s*<")
+_BARRIER = re.compile(r"\b(?:asc_syncthreads|__syncthreads)\s*\(")
+
+
+def barriers_in_thread_guards(src: str) -> int:
+    """Barriers emitted inside ``if (threadIdx.x < N)`` branches of generated source.
+
+    A ``T.Parallel`` loop with fewer iterations than threads is guarded so; a barrier
+    inside that branch is reached by only some threads of the block, which is undefined
+    on CUDA and unsafe on Ascend SIMT. TileLang puts one there when it cannot prove that
+    the lanes of a loop never touch each other's data (e.g. a store at a data-dependent
+    index), so kernels keep such stores out of their per-lane loops.
+    """
+    count = 0
+    for m in _THREAD_GUARD.finditer(src):
+        body_open = _next_code_char(src, _matching(src, src.index("(", m.start()), "(", ")") + 1)
+        if body_open < len(src) and src[body_open] == "{":
+            count += len(_BARRIER.findall(src, body_open, _matching(src, body_open, "{", "}")))
+    return count
+
+
 def dma_counts(src: str) -> tuple[int, int]:
     """``(gm_to_ub, ub_to_gm)``: the DMA calls (``asc_copy_gm2ub_align`` / ``asc_copy_ub2gm_align``)."""
     return src.count(_GM_TO_UB), src.count(_UB_TO_GM)

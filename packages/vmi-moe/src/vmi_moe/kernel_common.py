@@ -40,6 +40,7 @@ STATUS_BAD_COUNT = 2
 STATUS_WORDS = 4
 
 _NEG_INF_BITS = 0xFF800000
+_POS_INF_BITS = 0x7F800000
 _F32_MAX_BITS = 0x7F7FFFFF
 
 
@@ -67,6 +68,12 @@ def tile_rows(token_bytes: int) -> int:
     return rows
 
 
+def clamp(index, low: int, high: int):
+    """``index`` kept in ``[low, high]``: a gather by data stays inside its tile, which also
+    lets the compiler see that lanes never touch each other's rows."""
+    return T.max(T.min(index, high), low)
+
+
 def neg_inf():
     return F.f32_from_bits(F.u32(_NEG_INF_BITS))
 
@@ -76,22 +83,33 @@ def is_nonfinite(x):
     return F.abs_bits(x) > F.u32(_F32_MAX_BITS)
 
 
-@T.macro
-def take_max(key, i, n: int):
-    """The column of the largest ``key[i, :n]`` (the lowest one among equals); it becomes -inf.
+def pos_inf():
+    return F.f32_from_bits(F.u32(_POS_INF_BITS))
 
-    A strict ``>`` scan in increasing column order keeps the first maximum. Finite keys
-    never tie with the -inf of columns taken before.
+
+@T.macro
+def next_in_rank(key, i, n: int, last_value, last_column):
+    """Advance the pick ``(last_value[0], last_column[0])`` to the next entry of
+    ``key[i, :n]`` in rank order: descending key, equal keys by ascending column.
+
+    ``last_value``/``last_column`` are one-element per-lane buffers (``T.alloc_local``),
+    started at ``(+inf, -1)``. A strict ``>`` scan in increasing column order over the
+    entries ranked after the last pick keeps the first maximum. The row is only read, at
+    loop-indexed columns: no lane reads where another writes, so a token's loop needs no
+    barrier.
     """
     best = T.alloc_var("float32")
     arg = T.alloc_var("int32")
     best = neg_inf()
-    arg = 0
+    # Kept only past the last finite key (bad input, flagged elsewhere): stay in the row.
+    arg = T.max(last_column[0], 0)
     for e in T.serial(n):
-        arg = T.Select(key[i, e] > best, e, arg)
-        best = T.Select(key[i, e] > best, key[i, e], best)
-    key[i, arg] = neg_inf()
-    return arg
+        if key[i, e] < last_value[0] or (key[i, e] == last_value[0] and e > last_column[0]):
+            if key[i, e] > best:
+                best = key[i, e]
+                arg = e
+    last_value[0] = best
+    last_column[0] = arg
 
 
 def ordered_sum(terms: list, order: str):

@@ -6,23 +6,22 @@ Work tiles of ``block_m`` tokens go round-robin to persistent workers. Per tile:
    with the auxiliary term, also the rows of ``grad_scores_sum`` of the sequences the
    tile touches: from ``seq_first = first token // tokens_per_seq`` on (a tile may
    span sequences);
-2. one lane per token:
+2. one lane per token: the route term of each valid slot,
+   ``(s * g_j - <g, w>) / D`` with ``D = sum(u_sel) + 1e-20``; with the auxiliary term,
+   the token's own sequence row of ``h`` (``token // tokens_per_seq``, int32),
+   ``U = sum(u)``, ``<h, u>`` and ``inv = mask ? 1 / U : 0``;
+3. one lane per (token, expert): the route terms of the slots holding the expert,
+   summed in slot order (duplicates of fixed routing add up; -1 slots contribute
+   nothing), plus ``(h - <h, u> inv) inv`` (cuda flavor) or ``h inv - <h, u> inv inv``
+   (ascend flavor), times ``d sqrt(softplus) / dx`` from ``u`` (flavor's formula;
+   exactly +0.0 at u = 0, so padded tokens give +0.0 everywhere);
+4. DMA the gradient rows out.
 
-   * route term: ``D = sum(u_sel) + 1e-20`` and ``<g, w>`` over the valid slots, then
-     ``(s * g_j - <g, w>) / D`` accumulated into the dense row at expert ``i_j`` in slot
-     order (duplicates of fixed routing add up; -1 slots contribute nothing);
-   * auxiliary term: the token's own sequence row ``h`` (``token // tokens_per_seq``,
-     int32), ``U = sum(u)``, ``<h, u>``, ``inv = mask ? 1 / U : 0`` and
-     ``(h - <h, u> inv) inv`` (cuda flavor) or ``h inv - <h, u> inv inv`` (ascend flavor);
-   * times ``d sqrt(softplus) / dx`` from ``u`` (flavor's formula; exactly +0.0 at u = 0,
-     so padded tokens give +0.0 everywhere);
-
-3. DMA the gradient rows out.
-
-The vector region is SIMT on Ascend: per-lane serial sums, data-dependent scatters
-into the row and the derivative's branches are not what TileLang 0.1.15's SIMD
-lowering of ``T.Parallel`` accepts. The token count, the sequence count and the
-tokens per sequence are runtime values.
+The vector region is SIMT on Ascend: per-lane serial sums, gathers by expert index
+and the derivative's branches are not what TileLang 0.1.15's SIMD lowering of
+``T.Parallel`` accepts. No lane stores where another lane reads within a pass, so
+the only barriers are between the two passes. The token count, the sequence count
+and the tokens per sequence are runtime values.
 """
 
 
@@ -38,7 +37,7 @@ from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.softplus import sqrt_softplus_backward
 
-from .kernel_common import DENOM_EPS, STATUS_BAD_INDEX, STATUS_WORDS, padded, row_bytes, row_chunks, tile_rows
+from .kernel_common import DENOM_EPS, STATUS_BAD_INDEX, STATUS_WORDS, clamp, padded, row_bytes, row_chunks, tile_rows
 
 
 @dataclass(frozen=True)
@@ -52,9 +51,10 @@ class GateBackwardSpec:
 
     @property
     def block_m(self) -> int:
-        """Tokens per work tile (scores, gradient, index pairs, weights, weight gradients, sequence rows)."""
+        """Tokens per work tile (scores, gradient, index pairs, weights, weight gradients, slot
+        experts and route terms; with the auxiliary term sequence rows and three per-token values)."""
         E, K = self.num_experts, self.num_topk
-        return tile_rows(row_bytes(E, E, 2 * K, K, K, *((E,) if self.has_aux else ())))
+        return tile_rows(row_bytes(E, E, 2 * K, K, K, K, K, *((E, 1, 1, 1) if self.has_aux else ())))
 
 
 def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
@@ -79,8 +79,13 @@ def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
                 w = sh.tile((BM, padded(K)), "float32")
                 g = sh.tile((BM, padded(K)), "float32")
                 grad = sh.tile((BM, padded(E)), "float32")
+                expert = sh.tile((BM, padded(K)), "int32")
+                delta = sh.tile((BM, padded(K)), "float32")
                 sh.buffer_versions({u: 2, ix: 2, w: 2, g: 2, grad: 2})
                 h = sh.tile((BM, padded(E)), "float32") if spec.has_aux else None
+                hrow = sh.tile((BM,), "int32") if spec.has_aux else None
+                inv_t = sh.tile((BM,), "float32") if spec.has_aux else None
+                shift_t = sh.tile((BM,), "float32") if spec.has_aux else None
                 sh.copy(SCORES[row0, 0], u)
                 sh.copy(IDX[row0, 0], ix)
                 sh.copy(W[row0, 0], w)
@@ -90,67 +95,63 @@ def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
                     seq_first = (row_base + row0) // tokens_per_seq
                     sh.copy(H[seq_first, 0], h)
                 with sh.vector(SIMT):
+                    # Per token: the route term of each slot and the token's auxiliary statistics.
                     for i in T.Parallel(BM):
                         row = T.alloc_var("int32")
-                        sel = T.alloc_var("int32")
                         valid = T.alloc_var("int32")
                         sel_sum = T.alloc_var("float32")
                         gw_dot = T.alloc_var("float32")
                         gw = T.alloc_var("float32")
                         d = T.alloc_var("float32")
                         row = T.min(row0 + i, M - 1)
-
-                        # Route term, scattered in slot order into the zeroed row.
                         sel_sum = f32_const(0.0)
                         gw_dot = f32_const(0.0)
                         for j in T.serial(K):
-                            sel = ix[i, 2 * j]
-                            valid = T.Cast("int32", ix[i, 2 * j + 1] == 0 and sel >= 0 and sel < E)
+                            valid = T.Cast("int32", ix[i, 2 * j + 1] == 0 and ix[i, 2 * j] >= 0 and ix[i, 2 * j] < E)
                             # Only -1 marks an unused slot; anything else outside [0, E) is bad input.
-                            if valid == 0 and (sel != -1 or ix[i, 2 * j + 1] != -1) and row0 + i < M:
+                            if valid == 0 and (ix[i, 2 * j] != -1 or ix[i, 2 * j + 1] != -1) and row0 + i < M:
                                 STATUS[STATUS_BAD_INDEX] = 1
-                            sel_sum = sel_sum + T.Select(valid > 0, u[i, T.max(T.min(sel, E - 1), 0)],
-                                                         f32_const(0.0))
+                            expert[i, j] = T.Select(valid > 0, ix[i, 2 * j], -1)
+                            sel_sum = sel_sum + T.Select(valid > 0, u[i, clamp(ix[i, 2 * j], 0, E - 1)], f32_const(0.0))
                             gw = g[i, j] * w[i, j]
                             gw_dot = gw_dot + T.Select(valid > 0, gw, f32_const(0.0))
                         d = sel_sum + f32_const(DENOM_EPS)
-                        for e in T.serial(E):
-                            grad[i, e] = f32_const(0.0)
                         for j in T.serial(K):
-                            # Clamped so that the compiler sees each lane stay in its own row.
-                            sel = T.max(T.min(ix[i, 2 * j], E - 1), 0)
-                            if ix[i, 2 * j + 1] == 0 and ix[i, 2 * j] >= 0 and ix[i, 2 * j] < E:
-                                grad[i, sel] = grad[i, sel] + (scale * g[i, j] - gw_dot) / d
-
+                            delta[i, j] = (scale * g[i, j] - gw_dot) / d
                         if spec.has_aux:
-                            hrow = T.alloc_var("int32")
                             total = T.alloc_var("float32")
                             hu = T.alloc_var("float32")
                             prod = T.alloc_var("float32")
                             inv = T.alloc_var("float32")
-                            shift = T.alloc_var("float32")
-                            hrow = (row_base + row) // tokens_per_seq - seq_first
+                            seq_row = T.alloc_var("int32")
+                            seq_row = (row_base + row) // tokens_per_seq - seq_first
+                            hrow[i] = seq_row
                             total = f32_const(0.0)
                             hu = f32_const(0.0)
                             for e in T.serial(E):
                                 total = total + u[i, e]
-                                prod = h[hrow, e] * u[i, e]
+                                prod = h[clamp(seq_row, 0, BM - 1), e] * u[i, e]
                                 hu = hu + prod
                             inv = T.Select(MASK[row] != 0, f32_const(1.0) / total, f32_const(0.0))
+                            inv_t[i] = inv
+                            shift_t[i] = -((hu * inv) * inv) if flavor.gate_aux_expanded else hu * inv
+
+                    # Per (token, expert): the route term summed over the slots holding the expert, in
+                    # slot order (fixed-routing duplicates add up), the auxiliary term, the derivative.
+                    for i, e in T.Parallel(BM, E):
+                        route = T.alloc_var("float32")
+                        route = f32_const(0.0)
+                        for j in T.serial(K):
+                            route = route + T.Select(expert[i, j] == e, delta[i, j], f32_const(0.0))
+                        if spec.has_aux:
+                            aux = T.alloc_var("float32")
                             if flavor.gate_aux_expanded:
-                                shift = -((hu * inv) * inv)
-                                for e in T.serial(E):
-                                    prod = h[hrow, e] * inv
-                                    grad[i, e] = sqrt_softplus_backward(u[i, e], flavor) * (grad[i, e]
-                                                                                            + (prod + shift))
+                                aux = h[clamp(hrow[i], 0, BM - 1), e] * inv_t[i]
+                                aux = aux + shift_t[i]
                             else:
-                                shift = hu * inv
-                                for e in T.serial(E):
-                                    grad[i, e] = sqrt_softplus_backward(u[i, e], flavor) * (
-                                        grad[i, e] + (h[hrow, e] - shift) * inv)
-                        else:
-                            for e in T.serial(E):
-                                grad[i, e] = sqrt_softplus_backward(u[i, e], flavor) * grad[i, e]
+                                aux = (h[clamp(hrow[i], 0, BM - 1), e] - shift_t[i]) * inv_t[i]
+                            route = route + aux
+                        grad[i, e] = sqrt_softplus_backward(u[i, e], flavor) * route
                 sh.copy(grad, OUT[row0, 0])
 
     @TK.prim_func

@@ -4,23 +4,28 @@ The replica counts, the physical map and the bias rows are loaded once per worke
 Work tiles of ``block_m`` tokens go round-robin to persistent workers; per tile:
 
 1. DMA the logit rows (and, with fixed routing, the given expert pairs) on chip;
-2. one lane per token, in the token's class (masked > force-random > fixed > normal):
+2. one lane per token: its class (masked > force-random > fixed > normal);
+3. one lane per (token, expert): scores ``u = sqrt(softplus(logit))`` (flavor's
+   formula), ranking keys ``u + bias`` (image bias for image tokens), a flag for
+   non-finite logits of routed tokens;
+4. one lane per token:
 
-   * scores ``u = sqrt(softplus(logit))`` (flavor's formula), ranking keys ``u + bias``
-     (image bias for image tokens), a flag for non-finite logits;
-   * selection: ``K`` strict-``>`` scans over the keys (descending, lowest expert among
-     equals), or the fixed experts;
+   * selection: ``K`` strict-``>`` scans over the keys, each taking the largest key
+     ranked after the previous pick (descending, lowest expert among equals), or the
+     fixed experts;
    * weights: ``D = sum(u_sel) + 1e-20`` in the flavor's order, ``fl(fl(u / D) * s)``
      (quotient checked in the ascend flavor), shared slots ``E + j`` with weight 1;
    * replica choice ``(ep_rank + t * 23333) mod count``, computed without overflow;
    * force-random tokens: hash-drawn weights and draws, made distinct by the
      collision-removal rounds; masked tokens: -1 and +0.0 everywhere;
 
-3. DMA indices (int32 pairs), weights, logical indices and scores out.
+5. DMA indices (int32 pairs), weights, logical indices and scores out.
 
 The vector region is SIMT on Ascend: per-lane serial scans, integer hashing, data
 dependent gathers and branches, none of which TileLang 0.1.15's SIMD lowering of
-``T.Parallel`` accepts. The token count and the logical-index row stride are runtime
+``T.Parallel`` accepts. Within a token's lane, stores go only to that token's row at
+loop-indexed columns, so the only barriers are between the three passes. The token
+count and the logical-index row stride are runtime
 values; everything that changes the body (sizes, options, flavor) is in the spec.
 """
 
@@ -45,13 +50,15 @@ from .kernel_common import (
     STATUS_BAD_INDEX,
     STATUS_NONFINITE,
     STATUS_WORDS,
+    clamp,
     is_nonfinite,
+    next_in_rank,
     ordered_sum,
     padded,
+    pos_inf,
     quotient,
     row_bytes,
     row_chunks,
-    take_max,
     tile_rows,
 )
 
@@ -60,6 +67,13 @@ REPLICA_STRIDE = 23333
 # The fourth hash word of force-random draws: non-zero, so token 0 / lane 0 / rank 0 is not the all-zero hash.
 RANDOM_TAG = 0x9E3779B9
 _INT32_MAX = 2**31 - 1
+# Token class bits.
+ACTIVE, FORCED, FIXED, IMAGE = 1, 2, 4, 8
+
+
+def is_routed(cls):
+    """Active and not force-random: the token's scores are computed and ranked."""
+    return cls & (ACTIVE | FORCED) == ACTIVE
 
 
 @dataclass(frozen=True)
@@ -90,17 +104,17 @@ class GateSpec:
 
     @property
     def block_m(self) -> int:
-        """Tokens per work tile (logits/scores, keys, index pairs, weights, logical pairs)."""
+        """Tokens per work tile (logits/scores, keys, index pairs, weights, logical pairs,
+        class)."""
         E, K, P = self.num_experts, self.num_topk, self.num_physical_topk
-        return tile_rows(row_bytes(E, E, 2 * P, P, 2 * K))
+        return tile_rows(row_bytes(E, E, 2 * P, P, 2 * K, 1))
 
 
 def build_moe_topk_gate(spec: GateSpec, target: str):
     """The TileLang prim_func of ``spec`` for ``target``."""
     sh = Shell(target)
     TK = sh.T
-    E, K, S, P, L, DUP = (spec.num_experts, spec.num_topk, spec.num_shared, spec.num_physical_topk,
-                          spec.num_logical, spec.num_replicas)
+    E, K, P, L, DUP = spec.num_experts, spec.num_topk, spec.num_physical_topk, spec.num_logical, spec.num_replicas
     BM = spec.block_m
     flavor = get_flavor(spec.flavor)
     M = TK.dynamic("M")
@@ -111,13 +125,13 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
         return M if present else 1
 
     @T.macro
-    def draw_random(oi, ow, i, token, ep_rank, num_physical):
+    def draw_random(draw, taken, rw, token, ep_rank, num_physical):
         """Force-random: P distinct physical experts in [0, num_physical) and weights in (0, 1].
 
-        Lane ``l`` hashes (ep_rank, token, l, RANDOM_TAG): word 0 gives the weight ``((r0 >> 8) + 1) * 2^-24``,
-        word 1 the draw ``r1 mod (num_physical - l)``. Then P rounds: the smallest
-        unresolved draw (lowest lane among equals) resolves, and every unresolved later
-        lane whose draw is not below it steps up by one. The high words mark resolved lanes.
+        Lane ``l`` hashes (ep_rank, token, l, RANDOM_TAG): word 0 gives the weight
+        ``((r0 >> 8) + 1) * 2^-24``, word 1 the draw ``r1 mod (num_physical - l)``. Then P
+        rounds: the smallest unresolved draw (lowest lane among equals) resolves, and every
+        unresolved later lane whose draw is not below it steps up by one.
         """
         h = T.alloc_var("uint32")
         m = T.alloc_var("int32")
@@ -125,23 +139,22 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
         for lane in T.serial(P):
             h = sr_mix(T.Cast("uint32", ep_rank), T.Cast("uint32", token), T.Cast("uint32", lane),
                        F.u32(RANDOM_TAG), F.u32(0))
-            ow[i, lane] = T.Cast("float32", T.Cast("int32", (sr_word(h, 0) >> F.u32(8)) + F.u32(1))) \
+            rw[lane] = T.Cast("float32", T.Cast("int32", (sr_word(h, 0) >> F.u32(8)) + F.u32(1))) \
                 * f32_const(2.0**-24)
-            oi[i, 2 * lane] = T.Cast("int32", T.truncmod(sr_word(h, 1), T.Cast("uint32", num_physical - lane)))
-            oi[i, 2 * lane + 1] = 0
+            draw[lane] = T.Cast("int32", T.truncmod(sr_word(h, 1), T.Cast("uint32", num_physical - lane)))
+            taken[lane] = 0
         for _ in T.serial(P):
             m = _INT32_MAX
             winner = 0
             for lane in T.serial(P):
-                if oi[i, 2 * lane + 1] == 0 and oi[i, 2 * lane] < m:
-                    m = oi[i, 2 * lane]
+                if taken[lane] == 0 and draw[lane] < m:
+                    m = draw[lane]
                     winner = lane
-            oi[i, 2 * winner + 1] = 1
             for lane in T.serial(P):
-                if lane > winner and oi[i, 2 * lane + 1] == 0 and oi[i, 2 * lane] >= m:
-                    oi[i, 2 * lane] = oi[i, 2 * lane] + 1
-        for lane in T.serial(P):
-            oi[i, 2 * lane + 1] = 0
+                if lane == winner:
+                    taken[lane] = 1
+                elif lane > winner and taken[lane] == 0 and draw[lane] >= m:
+                    draw[lane] = draw[lane] + 1
 
     @T.macro
     def body(LOGITS, MASK, BIAS, IBIAS, IMASK, FIXMASK, UNMAPPED, MAP, COUNT, FORCE, IDX, W, SCORES, STATUS,
@@ -166,25 +179,19 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
                 oi = sh.tile((BM, padded(2 * P)), "int32")
                 ow = sh.tile((BM, padded(P)), "float32")
                 un = sh.tile((BM, padded(2 * K)), "int32")
+                cls = sh.tile((BM,), "int32")
                 sh.buffer_versions({x: 2, key: 2, oi: 2, ow: 2, un: 2})
                 sh.copy(LOGITS[row0, 0], x)
                 if spec.has_fixed:
                     sh.copy(UNMAPPED[row0, 0], un)
                 with sh.vector(SIMT):
+                    # Token classes, one lane per token. Rows past the token count hold
+                    # stale data: inactive, never flagged.
                     for i in T.Parallel(BM):
                         row = T.alloc_var("int32")
                         active = T.alloc_var("int32")
                         forced = T.alloc_var("int32")
                         fixed = T.alloc_var("int32")
-                        routed = T.alloc_var("int32")
-                        bad = T.alloc_var("int32")
-                        u = T.alloc_var("float32")
-                        d = T.alloc_var("float32")
-                        q = T.alloc_var("float32")
-                        sel = T.alloc_var("int32")
-                        count = T.alloc_var("int32")
-                        num_physical = T.alloc_var("int32")
-                        # Rows past the token count hold stale data: inactive, never flagged.
                         row = T.min(row0 + i, M - 1)
                         active = T.Cast("int32", row0 + i < M)
                         if spec.has_mask:
@@ -192,79 +199,119 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
                         forced = 0
                         if spec.has_force_random:
                             forced = active * T.Cast("int32", FORCE[row] != 0)
-                        routed = active * (1 - forced)
                         fixed = 0
                         if spec.has_fixed:
-                            fixed = routed * T.Cast("int32", FIXMASK[row] != 0)
+                            fixed = active * (1 - forced) * T.Cast("int32", FIXMASK[row] != 0)
+                        image = T.alloc_var("int32")
+                        image = 0
+                        if spec.has_image:
+                            image = T.Cast("int32", IMASK[row] != 0)
+                        # One store per lane: a read-modify-write here would need a barrier.
+                        cls[i] = active * ACTIVE + forced * FORCED + fixed * FIXED + image * IMAGE
 
-                        # Scores and ranking keys; only routed rows are inspected.
-                        bad = 0
-                        for e in T.serial(E):
-                            bad = bad | T.Cast("int32", is_nonfinite(x[i, e]))
-                            u = sqrt_softplus_forward(x[i, e], flavor)
-                            u = T.Select(routed > 0, u, f32_const(0.0))
-                            x[i, e] = u
-                            if spec.has_image and spec.has_bias:
-                                key[i, e] = u + T.Select(IMASK[row] != 0, ibias_t[e], bias_t[e])
-                            elif spec.has_image:
-                                key[i, e] = u + T.Select(IMASK[row] != 0, ibias_t[e], f32_const(0.0))
-                            elif spec.has_bias:
-                                key[i, e] = u + bias_t[e]
-                            else:
-                                key[i, e] = u
-                        if routed > 0 and bad > 0:
-                            STATUS[STATUS_NONFINITE] = 1
+                    # Scores and ranking keys, one lane per (token, expert); only routed rows are inspected.
+                    for i, e in T.Parallel(BM, E):
+                        u = T.alloc_var("float32")
+                        if is_routed(cls[i]):
+                            if is_nonfinite(x[i, e]):
+                                STATUS[STATUS_NONFINITE] = 1
+                        u = sqrt_softplus_forward(x[i, e], flavor)
+                        u = T.Select(is_routed(cls[i]), u, f32_const(0.0))
+                        x[i, e] = u
+                        if spec.has_image and spec.has_bias:
+                            key[i, e] = u + T.Select(cls[i] & IMAGE != 0, ibias_t[e], bias_t[e])
+                        elif spec.has_image:
+                            key[i, e] = u + T.Select(cls[i] & IMAGE != 0, ibias_t[e], f32_const(0.0))
+                        elif spec.has_bias:
+                            key[i, e] = u + bias_t[e]
+                        else:
+                            key[i, e] = u
 
-                        # Selection: logical experts in the low words of the index pairs.
+                    # Selection, weights, replicas and random routing, one lane per token.
+                    for i in T.Parallel(BM):
+                        row = T.alloc_var("int32")
+                        active = T.alloc_var("int32")
+                        forced = T.alloc_var("int32")
+                        fixed = T.alloc_var("int32")
+                        routed = T.alloc_var("int32")
+                        d = T.alloc_var("float32")
+                        q = T.alloc_var("float32")
+                        count = T.alloc_var("int32")
+                        replica = T.alloc_var("int32")
+                        num_physical = T.alloc_var("int32")
+                        last_value = T.alloc_local((1,), "float32")
+                        last_column = T.alloc_local((1,), "int32")
+                        row = T.min(row0 + i, M - 1)
+                        active = T.Cast("int32", cls[i] & ACTIVE != 0)
+                        forced = T.Cast("int32", cls[i] & FORCED != 0)
+                        fixed = T.Cast("int32", cls[i] & FIXED != 0)
+                        routed = T.Cast("int32", is_routed(cls[i]))
+
+                        # Per-lane arrays: the logical routed experts and their weights.
+                        sel = T.alloc_local((K,), "int32")
+                        weight = T.alloc_local((K,), "float32")
+
+                        # Selection.
                         if fixed > 0:
                             for j in T.serial(K):
-                                sel = un[i, 2 * j]
-                                if un[i, 2 * j + 1] != 0 or sel < 0 or sel > E - 1:
+                                if un[i, 2 * j + 1] != 0 or un[i, 2 * j] < 0 or un[i, 2 * j] > E - 1:
                                     STATUS[STATUS_BAD_INDEX] = 1
-                                oi[i, 2 * j] = T.max(T.min(sel, E - 1), 0)
+                                sel[j] = clamp(un[i, 2 * j], 0, E - 1)
                         else:
+                            last_value[0] = pos_inf()
+                            last_column[0] = -1
                             for j in T.serial(K):
-                                oi[i, 2 * j] = take_max(key, i, E)
+                                next_in_rank(key, i, E, last_value, last_column)
+                                sel[j] = last_column[0]
 
                         # Weights: unbiased scores over their sum, then the scaling factor.
-                        d = ordered_sum([x[i, oi[i, 2 * slot]] for slot in range(K)], flavor.gate_sum_order) \
-                            + f32_const(DENOM_EPS)
+                        d = ordered_sum([x[i, clamp(sel[slot], 0, E - 1)] for slot in range(K)],
+                                        flavor.gate_sum_order) + f32_const(DENOM_EPS)
                         for j in T.serial(K):
-                            q = quotient(x[i, oi[i, 2 * j]], d, flavor.gate_quotient_check)
-                            ow[i, j] = T.Select(routed > 0, q * scale, f32_const(0.0))
-                            un[i, 2 * j] = T.Select(routed > 0, oi[i, 2 * j], -1)
+                            q = quotient(x[i, clamp(sel[j], 0, E - 1)], d, flavor.gate_quotient_check)
+                            weight[j] = T.Select(routed > 0, q * scale, f32_const(0.0))
+                            un[i, 2 * j] = T.Select(routed > 0, sel[j], -1)
                             un[i, 2 * j + 1] = T.Select(routed > 0, 0, -1)
-                        for j in T.serial(S):
-                            oi[i, 2 * (K + j)] = E + j
-                            ow[i, K + j] = T.Select(routed > 0, f32_const(1.0), f32_const(0.0))
-
-                        # Replica choice: (ep_rank + token * 23333) mod count without int32 overflow.
-                        if spec.has_map:
-                            for j in T.serial(P):
-                                count = count_t[oi[i, 2 * j]]
-                                if routed > 0 and (count < 1 or count > DUP):
-                                    STATUS[STATUS_BAD_COUNT] = 1
-                                count = T.max(T.min(count, DUP), 1)
-                                sel = 0
-                                if DUP > 1:
-                                    sel = T.truncmod(T.truncmod(ep_rank, count) + T.truncmod(row_base + row, count)
-                                                     * T.truncmod(REPLICA_STRIDE, count), count)
-                                oi[i, 2 * j] = map_t[oi[i, 2 * j] * DUP + sel]
 
                         if spec.has_force_random:
-                            if forced > 0:
-                                num_physical = L
-                                if spec.has_map:
-                                    num_physical = 0
-                                    for e in T.serial(L):
-                                        num_physical = num_physical + count_t[e]
-                                if num_physical < P:
-                                    STATUS[STATUS_BAD_COUNT] = 1
-                                draw_random(oi, ow, i, row_base + row, ep_rank, T.max(num_physical, P))
+                            # Per-lane arrays, drawn for every token (no branch on the class) and
+                            # used by force-random ones.
+                            draw = T.alloc_local((P,), "int32")
+                            taken = T.alloc_local((P,), "int32")
+                            rw = T.alloc_local((P,), "float32")
+                            num_physical = L
+                            if spec.has_map:
+                                num_physical = 0
+                                for e in T.serial(L):
+                                    num_physical = num_physical + count_t[e]
+                            if forced > 0 and num_physical < P:
+                                STATUS[STATUS_BAD_COUNT] = 1
+                            draw_random(draw, taken, rw, row_base + row, ep_rank, T.max(num_physical, P))
 
-                        # Masked tokens: -1 pairs; every id of an active token is non-negative.
+                        # Each output slot written once: physical ids (replica ``(ep_rank + token * 23333)
+                        # mod count`` without int32 overflow), or the random draws, or -1 pairs for
+                        # masked tokens; routed weights, 1.0 for shared slots, or the random weights.
                         for j in T.serial(P):
-                            oi[i, 2 * j] = T.Select(active > 0, oi[i, 2 * j], -1)
+                            logical = T.alloc_var("int32")
+                            logical = T.Select(j < K, sel[T.min(j, K - 1)], E + j - K)
+                            slot_weight = T.alloc_var("float32")
+                            slot_weight = T.Select(j < K, weight[T.min(j, K - 1)],
+                                                   T.Select(routed > 0, f32_const(1.0), f32_const(0.0)))
+                            if spec.has_map:
+                                count = count_t[clamp(logical, 0, L - 1)]
+                                if routed > 0 and (count < 1 or count > DUP):
+                                    STATUS[STATUS_BAD_COUNT] = 1
+                                count = clamp(count, 1, DUP)
+                                replica = 0
+                                if DUP > 1:
+                                    replica = T.truncmod(T.truncmod(ep_rank, count) + T.truncmod(row_base + row, count)
+                                                         * T.truncmod(REPLICA_STRIDE, count), count)
+                                logical = map_t[clamp(logical * DUP + replica, 0, L * DUP - 1)]
+                            if spec.has_force_random:
+                                logical = T.Select(forced > 0, draw[j], logical)
+                                slot_weight = T.Select(forced > 0, rw[j], slot_weight)
+                            ow[i, j] = slot_weight
+                            oi[i, 2 * j] = T.Select(active > 0, logical, -1)
                             oi[i, 2 * j + 1] = T.Select(active > 0, 0, -1)
                 sh.copy(oi, IDX[row0, 0])
                 sh.copy(ow, W[row0, 0])

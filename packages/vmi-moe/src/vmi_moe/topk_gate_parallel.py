@@ -4,8 +4,8 @@ Work tiles of ``block_m`` tokens go round-robin to persistent workers. Per tile:
 
 1. DMA the score rows into an on-chip tile;
 2. one lane per token: flag non-finite scores, then ``K`` strict-``>`` scans over the
-   row, each taking the largest remaining score (lowest expert among equals) and
-   overwriting it with -inf;
+   row, each taking the largest score ranked after the previous pick (lowest expert
+   among equals); the row is only read;
 3. DMA the indices out as int32 pairs (high words 0).
 
 The vector region is SIMT on Ascend: per-lane serial scans with compares, selects and
@@ -27,10 +27,11 @@ from .kernel_common import (
     STATUS_NONFINITE,
     STATUS_WORDS,
     is_nonfinite,
+    next_in_rank,
     padded,
+    pos_inf,
     row_bytes,
     row_chunks,
-    take_max,
     tile_rows,
 )
 
@@ -76,8 +77,13 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
                         # Rows past the token count hold stale data.
                         if bad > 0 and row0 + i < M:
                             STATUS[STATUS_NONFINITE] = 1
+                        last_value = T.alloc_local((1,), "float32")
+                        last_column = T.alloc_local((1,), "int32")
+                        last_value[0] = pos_inf()
+                        last_column[0] = -1
                         for k in T.serial(K):
-                            idx[i, 2 * k] = take_max(key, i, E)
+                            next_in_rank(key, i, E, last_value, last_column)
+                            idx[i, 2 * k] = last_column[0]
                             idx[i, 2 * k + 1] = 0
                 sh.copy(idx, IDX[row0, 0])
 
