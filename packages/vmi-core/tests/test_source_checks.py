@@ -167,3 +167,5 @@ def test_barriers_in_thread_guards():
     assert barriers_in_thread_guards(GUARDED) == 2
     assert barriers_in_thread_guards(GUARDED.replace("      asc_syncthreads();\n", "")) == 1
     assert barriers_in_thread_guards("if (x < 3) { __syncthreads(); }") == 0
+    with pytest.raises(AssertionError, match="2 barrier"):
+        assert_vector_regions(GUARDED.replace("{\n  asc_syncthreads();", "{", 1) + "asc_vf_call<k_simt_vf_0>(1);")

@@ -137,7 +137,8 @@ def assert_vector_regions(src: str, *, simd: int | None = None, simt: int | None
     * every SIMD region issues vector ops and no scalar memory accesses;
     * every SIMD region is called and every SIMT region launched (``asc_vf_call<NAME>``);
     * ``simd`` / ``simt``, when given, are the exact numbers of regions of each kind;
-    * without counts, the source must contain at least one region.
+    * without counts, the source must contain at least one region;
+    * no barrier sits inside a thread-guarded branch (``barriers_in_thread_guards``).
     """
     spans = _regions_with_spans(src)
     regions = [region for region, _, _ in spans]
@@ -160,6 +161,9 @@ def assert_vector_regions(src: str, *, simd: int | None = None, simt: int | None
                 problems.append(f"SIMD region {r.name} is never called")
         elif not re.search(rf"\basc_vf_call\s*<\s*{re.escape(r.name)}\s*>", outside):
             problems.append(f"SIMT region {r.name} is never launched with asc_vf_call<{r.name}>")
+    barriers = barriers_in_thread_guards(src)
+    if barriers:
+        problems.append(f"{barriers} barrier(s) inside thread-guarded branches")
     if problems:
         raise AssertionError("vector regions: " + "; ".join(problems) + "\n" + _format_report(regions))
     return regions

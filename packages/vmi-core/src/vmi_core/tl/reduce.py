@@ -28,12 +28,17 @@ def segment_reduce(acc, rows: int, segments: int, seg_len: int, value, op: str, 
     """``acc[i, s] = op over j < seg_len of value(i, s * seg_len + j)``, one lane per ``(i, s)``.
 
     ``value(i, col)`` is a Python function returning the element expression; it may
-    guard columns past a partial last segment itself.
+    guard columns past a partial last segment itself. The running value stays in a
+    per-lane scalar and ``acc`` is stored once: a read-modify-write of the tile in the
+    loop would make TileLang put a barrier inside the loop, which lanes past the last
+    ``(i, s)`` never reach.
     """
     for i, s in T.Parallel(rows, segments):
-        acc[i, s] = init
+        running = T.alloc_var(acc.dtype)
+        running = init
         for j in T.serial(seg_len):
-            acc[i, s] = combine(op, acc[i, s], value(i, s * seg_len + j))
+            running = combine(op, running, value(i, s * seg_len + j))
+        acc[i, s] = running
 
 
 def reduce_rows(shell, op: str, src, dst, *, clear: bool = True):
