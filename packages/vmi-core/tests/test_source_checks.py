@@ -140,7 +140,7 @@ def test_nvcc_bad_arch():
 @pytest.mark.cuda_compile
 def test_nvcc_failure_reports_stderr():
     if nvcc_path() is None:
-        pytest.skip("nvcc not found")
+        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
     with pytest.raises(AssertionError, match=r"(?s)nvcc failed \(exit \d+\) for arch sm_80:.*vmi_no_such"):
         nvcc_compile("__global__ void k() { vmi_no_such_type x; }\n", "sm_80")
 

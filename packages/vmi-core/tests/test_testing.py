@@ -12,6 +12,7 @@ from vmi_core.testing import (
     assert_bitwise_equal,
     bits,
     bitwise_mismatches,
+    compare_named,
     generator,
     randn,
     randn_with_ties,
@@ -142,3 +143,11 @@ class TestGenerators:
         tiny = (y != 0) & (y.abs() < 1.1754944e-38)
         assert int(tiny.sum()) > 0, "no fp32 subnormals"
         assert int((y != x).sum()) <= 100
+
+
+def test_compare_named():
+    check = compare_named(("a", "b"))
+    a, b = torch.arange(4.0), torch.zeros(2, dtype=torch.int64)
+    assert check((a, b), (a.clone(), b.clone())) == []
+    lines = check((a, b.int()), (a + torch.tensor([0.0, 0.0, 1.0, 0.0]), b))
+    assert lines[0].startswith("  a") and any(line.startswith("  b: torch.int32") for line in lines)

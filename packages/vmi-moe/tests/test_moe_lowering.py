@@ -87,7 +87,7 @@ def test_cuda_lowering_compiles(name, source, kernel) -> None:
     assert "__global__ void" in src and kernel in src
     assert barriers_in_thread_guards(src) == 0
     if nvcc_path() is None:
-        pytest.skip("nvcc not found")
+        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
     nvcc_compile(src)
 
 
@@ -133,7 +133,7 @@ def test_normalize_weight_ascend_lowering_full(K: int) -> None:
 def test_gate_cuda_lowering_compiles_all(case: GateCase) -> None:
     src = moe_topk_gate_source(gate_spec(case), "cuda")
     if nvcc_path() is None:
-        pytest.skip("nvcc not found")
+        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
     nvcc_compile(src)
     src = normalize_weight_source(NormalizeWeightSpec(case.K, "cuda"), "cuda")
     nvcc_compile(src)

@@ -69,7 +69,7 @@ def test_cuda_lowering_compiles(name, source, kernel):
     src = source()
     assert "__global__ void" in src and kernel in src
     if nvcc_path() is None:
-        pytest.skip("nvcc not found")
+        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
     nvcc_compile(src)
 
 
@@ -83,5 +83,5 @@ ALL_CUDA = ([(_cast_id(s), lambda s=s: cast_source(s, "cuda")) for s in CAST_SPE
 def test_cuda_lowering_compiles_all(name, source):
     src = source()
     if nvcc_path() is None:
-        pytest.skip("nvcc not found")
+        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
     nvcc_compile(src)

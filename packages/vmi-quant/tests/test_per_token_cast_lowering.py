@@ -81,7 +81,7 @@ def test_cuda_lowering_compiles(name, spec):
     src = per_token_cast_source(spec, "cuda")
     assert "__global__ void" in src and "per_token_cast_kernel" in src
     if nvcc_path() is None:
-        pytest.skip("nvcc not found")
+        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
     nvcc_compile(src)
 
 
@@ -91,5 +91,5 @@ def test_cuda_lowering_compiles(name, spec):
 def test_cuda_lowering_compiles_all(name, spec):
     src = per_token_cast_source(spec, "cuda")
     if nvcc_path() is None:
-        pytest.skip("nvcc not found")
+        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
     nvcc_compile(src)

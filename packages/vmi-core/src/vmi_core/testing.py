@@ -93,3 +93,18 @@ def with_extremes(x: torch.Tensor, seed: int) -> torch.Tensor:
     flat[idx[0::2]] = torch.randn(len(idx[0::2]), generator=g) * 1e30
     flat[idx[1::2]] = torch.randn(len(idx[1::2]), generator=g) * 1e-40
     return y.to(x.dtype)
+
+
+def compare_named(names):
+    """A ``vmi`` command ``check``: the outputs called ``names`` against the expected ones, bit
+    for bit (dtype and shape first), as lines for the report (empty when all match)."""
+    def compare(outputs, expected) -> list[str]:
+        lines = []
+        for name, actual, wanted in zip(names, outputs, expected, strict=True):
+            if actual.shape != wanted.shape or actual.dtype != wanted.dtype:
+                lines.append(f"  {name}: {actual.dtype}{tuple(actual.shape)} vs expected "
+                             f"{wanted.dtype}{tuple(wanted.shape)}")
+            else:
+                lines += [f"  {name}{line}" for line in bitwise_mismatches(actual.cpu(), wanted.cpu())]
+        return lines
+    return compare

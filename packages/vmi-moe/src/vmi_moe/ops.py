@@ -15,7 +15,7 @@ import torch
 from vmi_core.registry import OpInfo, Option
 from vmi_core.softplus import sqrt_softplus
 from vmi_core.targets import get_flavor
-from vmi_core.testing import bitwise_mismatches, generator, randn
+from vmi_core.testing import bitwise_mismatches, compare_named, generator, randn
 
 from . import reference
 from .moe_topk_gate import moe_topk_gate_forward
@@ -42,15 +42,6 @@ def _flavor_of(target, flavor):
 
 def _cpu_flavor(target, flavor):
     return flavor if target == "cpu" else None
-
-
-def _bitwise(names):
-    def compare(outputs, expected) -> list[str]:
-        lines = []
-        for name, actual, wanted in zip(names, outputs, expected, strict=True):
-            lines += [f"  {name}{line}" for line in bitwise_mismatches(actual.cpu(), wanted.cpu())]
-        return lines
-    return compare
 
 
 def _close(name, actual, wanted, rtol, atol) -> list[str]:
@@ -176,7 +167,10 @@ def _gate_check(outputs, expected) -> list[str]:
              for line in bitwise_mismatches(order.values, want_order.values)]
     if lines:
         return lines
-    # Same sets: compare the weights slot by slot in the sorted order.
+    # Same sets: compare the weights slot by slot in the sorted order. Not bitwise: the scores come
+    # from exp/log1p (kernel <= 2 ulp from the float64 reference), and a weight carries that error
+    # through u / sum(u); rtol 1e-5 is the spec's test tolerance (bitwise checks given the kernel's
+    # own scores are in tests/test_moe_topk_gate.py).
     lines += _close("topk_weights", weights.cpu().gather(1, order.indices), want_weights.gather(1, want_order.indices),
                     rtol=1e-5, atol=1e-8)
     lines += _close("scores", scores, want_scores, rtol=1e-5, atol=1e-8)
@@ -226,7 +220,8 @@ def _backward_reference(inputs, options, flavor):
 
 def _backward_check(outputs, expected) -> list[str]:
     (grad,), (want,) = outputs, expected
-    # The spec's tolerance: fp32 sums and exp against the float64 reference.
+    # Not bitwise: the kernel computes in fp32 (E-term sums, exp, divisions) and the reference in
+    # float64; the spec's tolerance (measured error ~1e-7 of max|reference|).
     return _close("grad_logits", grad, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()) if want.numel() else 0.0)
 
 
@@ -254,7 +249,7 @@ OPS = [
         make_inputs=_topk_inputs,
         run=_topk_run,
         reference=_topk_reference,
-        check=_bitwise(("topk_idx",)),
+        check=compare_named(("topk_idx",)),
         source=_topk_source,
         nbytes=_nbytes,
     ),
@@ -269,7 +264,7 @@ OPS = [
         make_inputs=_normalize_inputs,
         run=_normalize_run,
         reference=_normalize_reference,
-        check=_bitwise(("denominator", "normalized_weights")),
+        check=compare_named(("denominator", "normalized_weights")),
         source=_normalize_source,
         nbytes=_nbytes,
     ),

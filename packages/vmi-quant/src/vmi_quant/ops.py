@@ -7,7 +7,7 @@ import torch
 from vmi_core.registry import OpInfo, Option
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import get_flavor
-from vmi_core.testing import bitwise_mismatches, randn
+from vmi_core.testing import compare_named, randn
 
 from . import reference
 from .cast import cast
@@ -42,20 +42,6 @@ PER_TOKEN_CAST_OPTIONS = (
     Option("stochastic_cast", False, help="stochastic rounding of the data"),
 )
 _SF_OPTIONS = ("round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf", "use_e4m3_sf")
-
-
-def _compare_named(names):
-    """A ``check`` comparing the outputs called ``names`` with the expected ones, bit for bit."""
-    def compare(outputs, expected) -> list[str]:
-        lines = []
-        for name, actual, wanted in zip(names, outputs, expected, strict=True):
-            if actual.shape != wanted.shape or actual.dtype != wanted.dtype:
-                lines.append(f"  {name}: {actual.dtype}{tuple(actual.shape)} vs expected "
-                             f"{wanted.dtype}{tuple(wanted.shape)}")
-            else:
-                lines += [f"  {name}{line}" for line in bitwise_mismatches(actual.cpu(), wanted.cpu())]
-        return lines
-    return compare
 
 
 def _cpu_flavor(target, flavor):
@@ -216,7 +202,7 @@ _PARALLEL_TARGETS = {
     "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
 }
 
-_compare_data_sf = _compare_named(("data", "sf"))
+_compare_data_sf = compare_named(("data", "sf"))
 
 
 _CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
@@ -240,7 +226,7 @@ CAST_BACK_OPTIONS = (
 
 
 def _compare_tensor(output, expected) -> list[str]:
-    return _compare_named(("out",))((output,), (expected,))
+    return compare_named(("out",))((output,), (expected,))
 
 
 def _cast_nbytes(inputs, output) -> int:
@@ -326,7 +312,7 @@ OPS = [
         make_inputs=_ptc_inputs,
         run=_round_trip_run,
         reference=_round_trip_reference,
-        check=_compare_named(("x",)),
+        check=compare_named(("x",)),
         source=_round_trip_source,
         nbytes=lambda inputs, outputs: 2 * inputs["x"].numel() * inputs["x"].element_size(),
     ),
