@@ -1,10 +1,12 @@
-"""Compile and lower TileLang kernels for the three targets.
+"""Compile and lower TileLang kernels for every target.
 
 Each target needs its own pass configuration (see ``pass_configs``); the CPU
 build also needs ``-O2`` (TileLang's C build is ``-O0`` otherwise) and lowering
 rules for ``fabs``/``fmod``. TileLang's disk cache key ignores registered
 lowering rules, so the cache lives in a directory named after vmi-core's
-version and a digest of those rules: changing either starts a fresh cache.
+version and a digest of those rules: changing either starts a fresh cache. ``ascend-sim`` lowers exactly as
+``ascend`` does and compiles that source against vmi-core's Ascend model
+(``vmi_core.ascend_sim``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tvm
 from tvm import tirx
 
 from . import __version__
+from .targets import TARGETS, lowering_target
 
 CUDA_ARCH_ENV = "VMI_CUDA_ARCH"
 CACHE_DIR_ENV = "VMI_CACHE_DIR"
@@ -40,6 +43,7 @@ def cuda_arch() -> str:
 
 def tvm_target(target: str) -> tvm.target.Target | str:
     """The TileLang target object of a vmi target name."""
+    target = lowering_target(target)
     if target == "cpu":
         return "c"
     if target == "cuda":
@@ -49,7 +53,7 @@ def tvm_target(target: str) -> tvm.target.Target | str:
         from tilelang.ascend.target import _make_ascend_target
 
         return _make_ascend_target()
-    raise ValueError(f"target must be one of ('ascend', 'cuda', 'cpu'), got {target!r}")
+    raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
 
 
 def pass_configs(target: str, *, simd_parallel: bool = True, simt_8bit: bool = False) -> dict:
@@ -61,6 +65,7 @@ def pass_configs(target: str, *, simd_parallel: bool = True, simt_8bit: bool = F
     ``simt_8bit``: an Ascend SIMT region touches 8-bit data, which SIMT can only
     access element by element.
     """
+    target = lowering_target(target)
     if target == "cpu":
         return {"tirx.disable_vectorize": True}
     if target == "cuda":
@@ -72,7 +77,7 @@ def pass_configs(target: str, *, simd_parallel: bool = True, simt_8bit: bool = F
         if simt_8bit:
             config["tirx.disable_vectorize"] = True
         return config
-    raise ValueError(f"target must be one of ('ascend', 'cuda', 'cpu'), got {target!r}")
+    raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
 
 
 def cache_key() -> str:
@@ -102,18 +107,29 @@ def _setup(target: str) -> None:
             _cpu_rules_registered = True
 
 
-def lower(func, target: str, **config) -> str:
-    """Generated source of ``func`` for ``target``; needs no hardware and no device compiler."""
+def lower_artifact(func, target: str, **config):
+    """TileLang's lowering of ``func`` for ``target`` (source and device module); no hardware needed."""
     _setup(target)
     tgt = tvm_target(target)
     if isinstance(tgt, str):
         tgt = tvm.target.Target(tgt)
     with tgt, tilelang.transform.PassContext(config=pass_configs(target, **config)):
-        return tilelang.lower(func, target=tgt).kernel_source
+        return tilelang.lower(func, target=tgt)
+
+
+def lower(func, target: str, **config) -> str:
+    """Generated source of ``func`` for ``target``; needs no hardware and no device compiler."""
+    return lower_artifact(func, target, **config).kernel_source
 
 
 def compile_kernel(func, target: str, **config):
     """A callable kernel for ``target`` (cached on disk across processes)."""
+    if target == "ascend-sim":
+        from .ascend_sim import SimKernel, launch_shape
+
+        artifact = lower_artifact(func, target, **config)
+        cores, ub_bytes = launch_shape(artifact.device_mod)
+        return SimKernel(func, artifact.kernel_source, cores, ub_bytes, cache_dir() / "ascend-sim")
     _setup(target)
     kwargs = {}
     if target == "cpu":
@@ -144,10 +160,13 @@ kernel_cache = KernelCache()
 
 def kernel_source(build: Callable, spec, target: str, **config) -> str:
     """Generated source of the kernel ``build(spec, target)`` (no hardware needed)."""
-    return lower(build(spec, target), target, **config)
+    return lower(build(spec, lowering_target(target)), target, **config)
 
 
 def cached_kernel(build: Callable, spec, target: str, **config):
-    """The compiled kernel ``build(spec, target)``: built once per process, cached on disk across processes."""
+    """The compiled kernel ``build(spec, target)``: built once per process, cached on disk across processes.
+
+    ``ascend-sim`` builds the ``ascend`` kernel body: the simulator runs what ``ascend`` emits.
+    """
     return kernel_cache.get((build.__module__, build.__qualname__, spec, target),
-                            lambda: compile_kernel(build(spec, target), target, **config))
+                            lambda: compile_kernel(build(spec, lowering_target(target)), target, **config))

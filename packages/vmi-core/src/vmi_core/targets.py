@@ -1,9 +1,10 @@
 """Targets, flavors and the choice between them.
 
 A *target* is where a kernel runs: ``ascend`` (Ascend 950 vector cores),
-``cuda`` (NVIDIA GPUs) or ``cpu`` (TileLang's C backend). ``torch`` is a
-pseudo-target that runs the PyTorch reference instead of a kernel; it is never
-chosen by default.
+``cuda`` (NVIDIA GPUs), ``cpu`` (TileLang's C backend) or ``ascend-sim`` (the
+source the ``ascend`` target emits, run on CPU tensors against vmi-core's model of
+the Ascend vector core: see ``vmi_core.ascend_sim``). ``torch`` is a pseudo-target
+that runs the PyTorch reference instead of a kernel; it is never chosen by default.
 
 A *flavor* is a set of bit conventions: where TileKernels gives different bits
 per platform (packed UE8M0 word width, TMA column-major SF padding, the
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-TARGETS = ("ascend", "cuda", "cpu")
+TARGETS = ("ascend", "cuda", "cpu", "ascend-sim")
 PSEUDO_TARGETS = ("torch",)
 FLAVORS = ("ascend", "cuda")
 
@@ -28,7 +29,9 @@ TARGET_ENV = "VMI_TARGET"
 FLAVOR_ENV = "VMI_FLAVOR"
 
 _DEVICE_TO_TARGET = {"npu": "ascend", "cuda": "cuda", "cpu": "cpu"}
-_TARGET_TO_DEVICE = {"ascend": "npu", "cuda": "cuda", "cpu": "cpu"}
+_TARGET_TO_DEVICE = {"ascend": "npu", "cuda": "cuda", "cpu": "cpu", "ascend-sim": "cpu"}
+# Targets that use their own flavor only.
+_OWN_FLAVOR = {"ascend": "ascend", "ascend-sim": "ascend", "cuda": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def resolve_target(tensor: torch.Tensor, target: str | None = None) -> str:
     chosen = target or os.environ.get(TARGET_ENV) or device_target
     if chosen not in TARGETS + PSEUDO_TARGETS:
         raise ValueError(f"target must be one of {TARGETS + PSEUDO_TARGETS}, got {chosen!r}")
-    if chosen in TARGETS and chosen != device_target:
+    if chosen in TARGETS and _TARGET_TO_DEVICE[chosen] != tensor.device.type:
         raise ValueError(f"target {chosen!r} runs on {_TARGET_TO_DEVICE[chosen]!r} tensors, "
                          f"but the input is on {tensor.device.type!r}")
     return chosen
@@ -101,11 +104,11 @@ def resolve_target(tensor: torch.Tensor, target: str | None = None) -> str:
 def resolve_flavor(target: str, flavor: str | Flavor | None = None) -> Flavor:
     """The flavor for ``target``: the argument, else ``$VMI_FLAVOR`` (cpu/torch only).
 
-    ``ascend`` and ``cuda`` always use their own flavor; ``cpu`` and ``torch``
-    default to ``ascend``.
+    ``ascend``, ``ascend-sim`` and ``cuda`` always use their own flavor; ``cpu`` and
+    ``torch`` default to ``ascend``.
     """
-    if target in ("ascend", "cuda"):
-        own = _FLAVORS[target]
+    if target in _OWN_FLAVOR:
+        own = _FLAVORS[_OWN_FLAVOR[target]]
         if flavor is not None and get_flavor(flavor) is not own:
             raise ValueError(f"flavor {get_flavor(flavor).name!r} is not available on target "
                              f"{target!r}, which always uses its own flavor")
@@ -113,3 +116,15 @@ def resolve_flavor(target: str, flavor: str | Flavor | None = None) -> Flavor:
     if target not in ("cpu", "torch"):
         raise ValueError(f"target must be one of {TARGETS + PSEUDO_TARGETS}, got {target!r}")
     return get_flavor(flavor or os.environ.get(FLAVOR_ENV) or "ascend")
+
+
+def device_of(target: str) -> str:
+    """The torch device type a kernel target's tensors live on."""
+    if target not in _TARGET_TO_DEVICE:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+    return _TARGET_TO_DEVICE[target]
+
+
+def lowering_target(target: str) -> str:
+    """The target a kernel is lowered for: ``ascend-sim`` runs what ``ascend`` emits."""
+    return "ascend" if target == "ascend-sim" else target
