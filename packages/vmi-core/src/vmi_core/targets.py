@@ -128,3 +128,8 @@ def device_of(target: str) -> str:
 def lowering_target(target: str) -> str:
     """The target a kernel is lowered for: ``ascend-sim`` runs what ``ascend`` emits."""
     return "ascend" if target == "ascend-sim" else target
+
+
+def flavor_argument(target: str, flavor: str | None) -> str | None:
+    """``flavor`` where ``target`` lets the caller choose (cpu, torch), else None: the target's own."""
+    return None if target in _OWN_FLAVOR else flavor

@@ -14,7 +14,7 @@ import torch
 
 from vmi_core.registry import OpInfo, Option
 from vmi_core.softplus import sqrt_softplus
-from vmi_core.targets import get_flavor
+from vmi_core.targets import device_of, flavor_argument, resolve_flavor
 from vmi_core.testing import bitwise_mismatches, compare_named, generator, randn
 
 from . import reference
@@ -27,7 +27,6 @@ from .normalize_weight_parallel import NormalizeWeightSpec, normalize_weight_sou
 from .topk_gate import topk_gate
 from .topk_gate_parallel import TopkGateSpec, topk_gate_source
 
-_DEVICE = {"cpu": "cpu", "cuda": "cuda", "ascend": "npu"}
 _SCALE = 1.5
 # Keys of the K-th and (K+1)-th expert closer than this make the selected set depend on
 # the last ulps of the scores; such rows are re-drawn (as TileKernels' tests do).
@@ -37,11 +36,7 @@ _PADDED_FRACTION = 0.01
 
 
 def _flavor_of(target, flavor):
-    return get_flavor(target if target in ("ascend", "cuda") else flavor).name
-
-
-def _cpu_flavor(target, flavor):
-    return flavor if target == "cpu" else None
+    return resolve_flavor(target, flavor_argument(target, flavor)).name
 
 
 def _close(name, actual, wanted, rtol, atol) -> list[str]:
@@ -71,8 +66,8 @@ def _topk_inputs(shape, options, seed):
 
 
 def _topk_run(inputs, options, target, flavor):
-    return (topk_gate(inputs["scores"].to(_DEVICE[target]), options["num_topk"], target=target,
-                      flavor=_cpu_flavor(target, flavor)),)
+    return (topk_gate(inputs["scores"].to(device_of(target)), options["num_topk"], target=target,
+                      flavor=flavor_argument(target, flavor)),)
 
 
 def _topk_reference(inputs, options, flavor):
@@ -93,8 +88,8 @@ def _normalize_inputs(shape, options, seed):
 
 
 def _normalize_run(inputs, options, target, flavor):
-    return normalize_weight(inputs["topk_weights"].to(_DEVICE[target]), target=target,
-                            flavor=_cpu_flavor(target, flavor))
+    return normalize_weight(inputs["topk_weights"].to(device_of(target)), target=target,
+                            flavor=flavor_argument(target, flavor))
 
 
 def _normalize_reference(inputs, options, flavor):
@@ -146,11 +141,11 @@ def _gate_args(inputs, options, device):
 
 
 def _gate_run(inputs, options, target, flavor):
-    device = _DEVICE[target]
+    device = device_of(target)
     logits = inputs["logits"].to(device)
     scores = torch.empty_like(logits)
     idx, weights = moe_topk_gate_forward(logits, **_gate_args(inputs, options, device), scores=scores,
-                                         target=target, flavor=_cpu_flavor(target, flavor))
+                                         target=target, flavor=flavor_argument(target, flavor))
     return idx, weights, scores
 
 
@@ -209,8 +204,8 @@ def _backward_inputs(shape, options, seed):
 
 
 def _backward_run(inputs, options, target, flavor):
-    args = {name: None if t is None else t.to(_DEVICE[target]) for name, t in inputs.items()}
-    return (moe_topk_gate_backward(routed_scaling_factor=_SCALE, target=target, flavor=_cpu_flavor(target, flavor),
+    args = {name: None if t is None else t.to(device_of(target)) for name, t in inputs.items()}
+    return (moe_topk_gate_backward(routed_scaling_factor=_SCALE, target=target, flavor=flavor_argument(target, flavor),
                                    **args),)
 
 

@@ -6,7 +6,7 @@ import torch
 
 from vmi_core.registry import OpInfo, Option
 from vmi_core.sf_layout import SFLayout
-from vmi_core.targets import get_flavor
+from vmi_core.targets import device_of, flavor_argument, resolve_flavor
 from vmi_core.testing import compare_named, randn
 
 from . import reference
@@ -28,7 +28,6 @@ from .per_token_cast_parallel import per_token_cast_source
 from .reference import elementwise
 from .reference.lossless import per_block_cast_lossless as reference_lossless
 
-_DEVICE = {"cpu": "cpu", "cuda": "cuda", "ascend": "npu"}
 _IN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 PER_TOKEN_CAST_OPTIONS = (
@@ -44,19 +43,15 @@ PER_TOKEN_CAST_OPTIONS = (
 _SF_OPTIONS = ("round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf", "use_e4m3_sf")
 
 
-def _cpu_flavor(target, flavor):
-    return flavor if target == "cpu" else None
-
-
 def _ptc_inputs(shape, options, seed):
     return {"x": randn(shape, seed, _IN_DTYPES[options["in_dtype"]])}
 
 
 def _ptc_run(inputs, options, target, flavor):
-    x = inputs["x"].to(_DEVICE[target])
+    x = inputs["x"].to(device_of(target))
     return per_token_cast(x, options["fmt"], options["num_per_channels"],
                           stochastic_cast=options["stochastic_cast"], target=target,
-                          flavor=_cpu_flavor(target, flavor),
+                          flavor=flavor_argument(target, flavor),
                           **{k: options[k] for k in _SF_OPTIONS})
 
 
@@ -67,7 +62,7 @@ def _ptc_reference(inputs, options, flavor):
 
 
 def _ptc_source(options, target, flavor):
-    flavor = get_flavor(target if target in ("ascend", "cuda") else flavor)
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
     layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"], e4m3=options["use_e4m3_sf"],
                          col_major=options["use_tma_aligned_col_major_sf"])
     spec = make_spec(options["in_dtype"], options["fmt"], options["num_per_channels"], "cast", layout,
@@ -91,9 +86,9 @@ ROUND_TRIP_OPTIONS = (
 
 
 def _round_trip_run(inputs, options, target, flavor):
-    x = inputs["x"].to(_DEVICE[target]).clone()
+    x = inputs["x"].to(device_of(target)).clone()
     per_token_cast_and_cast_back(x, options["fmt"], options["num_per_channels"], options["round_sf"],
-                                 options["use_e4m3_sf"], target=target, flavor=_cpu_flavor(target, flavor))
+                                 options["use_e4m3_sf"], target=target, flavor=flavor_argument(target, flavor))
     return (x,)
 
 
@@ -125,8 +120,8 @@ _BLOCK_SF_OPTIONS = ("round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_
 
 
 def _pbc_run(inputs, options, target, flavor):
-    return per_block_cast(inputs["x"].to(_DEVICE[target]), options["fmt"], (options["block_m"], options["block_k"]),
-                          target=target, flavor=_cpu_flavor(target, flavor),
+    return per_block_cast(inputs["x"].to(device_of(target)), options["fmt"], (options["block_m"], options["block_k"]),
+                          target=target, flavor=flavor_argument(target, flavor),
                           **{k: options[k] for k in _BLOCK_SF_OPTIONS})
 
 
@@ -136,7 +131,7 @@ def _pbc_reference(inputs, options, flavor):
 
 
 def _pbc_source(options, target, flavor):
-    flavor = get_flavor(target if target in ("ascend", "cuda") else flavor)
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
     layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"],
                          col_major=options["use_tma_aligned_col_major_sf"], block_k=options["block_k"])
     spec = make_block_spec(options["in_dtype"], options["fmt"], (options["block_m"], options["block_k"]), "cast",
@@ -172,9 +167,9 @@ def _lossless_inputs(shape, options, seed):
 
 
 def _lossless_run(inputs, options, target, flavor):
-    data, sf = (t.to(_DEVICE[target]) for t in inputs["x"])
+    data, sf = (t.to(device_of(target)) for t in inputs["x"])
     return per_block_cast_lossless((data, sf), "e4m3", *_lossless_blocks(options), round_sf=True, target=target,
-                                   flavor=_cpu_flavor(target, flavor),
+                                   flavor=flavor_argument(target, flavor),
                                    **{k: options[k] for k in _LOSSLESS_SF_OPTIONS})
 
 
@@ -184,7 +179,7 @@ def _lossless_reference(inputs, options, flavor):
 
 
 def _lossless_source(options, target, flavor):
-    flavor = get_flavor(target if target in ("ascend", "cuda") else flavor)
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
     x_block, out_block = _lossless_blocks(options)
     in_layout = SFLayout.of(flavor, packed=False, block_k=x_block[1])
     layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"],
@@ -238,8 +233,8 @@ def _cast_inputs(shape, options, seed):
 
 
 def _cast_run(inputs, options, target, flavor):
-    return cast(inputs["x"].to(_DEVICE[target]), _CAST_DTYPES[options["dtype"]], options["stochastic_rounding"],
-                target=target, flavor=_cpu_flavor(target, flavor))
+    return cast(inputs["x"].to(device_of(target)), _CAST_DTYPES[options["dtype"]], options["stochastic_rounding"],
+                target=target, flavor=flavor_argument(target, flavor))
 
 
 def _cast_reference(inputs, options, flavor):
@@ -264,9 +259,9 @@ def _cast_back_inputs(shape, options, seed):
 
 
 def _cast_back_run(inputs, options, target, flavor):
-    data, sf = (t.to(_DEVICE[target]) for t in inputs[target if target in ("ascend", "cuda") else flavor])
+    data, sf = (t.to(device_of(target)) for t in inputs[resolve_flavor(target, flavor_argument(target, flavor)).name])
     return cast_back((data, sf), options["fmt"], _cast_back_block(options), target=target,
-                     flavor=_cpu_flavor(target, flavor))
+                     flavor=flavor_argument(target, flavor))
 
 
 def _cast_back_reference(inputs, options, flavor):
@@ -278,7 +273,7 @@ def _cast_back_nbytes(inputs, output) -> int:
 
 
 def _cast_back_source(options, target, flavor):
-    flavor = get_flavor(target if target in ("ascend", "cuda") else flavor)
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
     layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"], e4m3=options["use_e4m3_sf"],
                          col_major=options["use_tma_aligned_col_major_sf"], block_k=options["block_k"])
     spec = CastBackSpec(options["x_fmt"], options["fmt"], layout, *_cast_back_block(options))

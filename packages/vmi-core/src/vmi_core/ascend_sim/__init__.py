@@ -184,7 +184,7 @@ def _span_bytes(t: torch.Tensor) -> int:
     """Bytes from a tensor's first element to the end of its last one."""
     if t.numel() == 0:
         return 0
-    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * t.element_size()
 
 
 class SimKernel:
@@ -217,7 +217,7 @@ class SimKernel:
                 raise ValueError(f"{self.name}: {what} gives {name} = {value}, but it is already {values[name]}")
             values[name] = value
 
-        for var, arg in zip(func.params, args):
+        for var, arg in zip(func.params, args, strict=True):
             buffer = func.buffer_map.get(var)
             if buffer is None:
                 bind(var, arg, f"argument {var.name}")
