@@ -1,8 +1,15 @@
-"""Testing helpers: bitwise comparison with readable mismatches, seeded input generators."""
+"""Testing helpers: bitwise comparison with readable mismatches, seeded input generators,
+and the pipe schedules of ascend-sim runs."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
+
+# Kept in step with vmi_core.ascend_sim.SCHEDULES (importing that module loads TileLang).
+SIM_SCHEDULES = ("seq", "random", "consumers_first", "producers_first")
 
 _BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -108,3 +115,24 @@ def compare_named(names):
                 lines += [f"  {name}{line}" for line in bitwise_mismatches(actual.cpu(), wanted.cpu())]
         return lines
     return compare
+
+
+@contextlib.contextmanager
+def sim_schedule(schedule: str):
+    """Run the block's ascend-sim launches with their pipes interleaved by ``schedule``.
+
+    Tests cycle through ``SIM_SCHEDULES`` so that a missing wait between pipes shows up
+    as wrong data under one of them (consumers first exposes read-after-write hazards,
+    producers first write-after-read ones).
+    """
+    if schedule not in SIM_SCHEDULES:
+        raise ValueError(f"schedule must be one of {SIM_SCHEDULES}, got {schedule!r}")
+    saved = os.environ.get("VMI_ASCEND_SIM_SCHEDULE")
+    os.environ["VMI_ASCEND_SIM_SCHEDULE"] = schedule
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["VMI_ASCEND_SIM_SCHEDULE"]
+        else:
+            os.environ["VMI_ASCEND_SIM_SCHEDULE"] = saved
