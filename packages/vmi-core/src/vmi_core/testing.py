@@ -8,8 +8,8 @@ import os
 
 import torch
 
-# Kept in step with vmi_core.ascend_sim.SCHEDULES (importing that module loads TileLang).
-SIM_SCHEDULES = ("seq", "random", "consumers_first", "producers_first")
+from .ascend_sim import SCHEDULE_ENV
+from .ascend_sim import SCHEDULES as SIM_SCHEDULES
 
 _BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -127,12 +127,12 @@ def sim_schedule(schedule: str):
     """
     if schedule not in SIM_SCHEDULES:
         raise ValueError(f"schedule must be one of {SIM_SCHEDULES}, got {schedule!r}")
-    saved = os.environ.get("VMI_ASCEND_SIM_SCHEDULE")
-    os.environ["VMI_ASCEND_SIM_SCHEDULE"] = schedule
+    saved = os.environ.get(SCHEDULE_ENV)
+    os.environ[SCHEDULE_ENV] = schedule
     try:
         yield
     finally:
         if saved is None:
-            del os.environ["VMI_ASCEND_SIM_SCHEDULE"]
+            del os.environ[SCHEDULE_ENV]
         else:
-            os.environ["VMI_ASCEND_SIM_SCHEDULE"] = saved
+            os.environ[SCHEDULE_ENV] = saved
