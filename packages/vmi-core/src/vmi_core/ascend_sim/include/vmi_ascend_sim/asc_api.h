@@ -29,6 +29,18 @@ typedef unsigned int uint;
 typedef unsigned char uchar;
 typedef unsigned short ushort;
 
+// The short vector types of vectorised SIMT accesses (TileLang emits float2 loads and
+// stores of UB), aligned to their size as the SIMT data types are [SIMT].
+#define VMI_ASCEND_SIM_VECTOR_TYPES(T, N2, N4)                                          \
+  struct alignas(2 * sizeof(T)) N2 { T x, y; };                                       \
+  struct alignas(4 * sizeof(T)) N4 { T x, y, z, w; };                                 \
+  inline N2 make_##N2(T x, T y) { return N2{x, y}; }                                   \
+  inline N4 make_##N4(T x, T y, T z, T w) { return N4{x, y, z, w}; }
+VMI_ASCEND_SIM_VECTOR_TYPES(float, float2, float4)
+VMI_ASCEND_SIM_VECTOR_TYPES(int32_t, int2, int4)
+VMI_ASCEND_SIM_VECTOR_TYPES(uint32_t, uint2, uint4)
+#undef VMI_ASCEND_SIM_VECTOR_TYPES
+
 enum asc_load_l2_cache_mode { ASC_LOAD_L2_DISABLE = 0, ASC_LOAD_L2_NORMAL = 1, ASC_LOAD_L2_LAST = 2 };
 enum asc_store_l2_cache_mode { ASC_STORE_L2_DISABLE = 0, ASC_STORE_L2_NORMAL = 1, ASC_STORE_L2_LAST = 2 };
 
