@@ -41,9 +41,10 @@ DEFAULT_SCHEDULE = "random"
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 CXX = os.environ.get("CXX", "g++")
-# No contraction of a*b+c into an FMA: the emitted code says fmaf where it means one.
-CXX_FLAGS = ("-std=c++17", "-O2", "-fno-strict-aliasing", "-ffp-contract=off", "-fvisibility=hidden", "-fPIC",
-             "-shared", "-w")
+# No contraction of a*b+c into an FMA (the emitted code says fmaf where it means one);
+# integer overflow wraps, as the device's integer units do; type punning through pointers.
+CXX_FLAGS = ("-std=c++17", "-O2", "-fno-strict-aliasing", "-fwrapv", "-ffp-contract=off", "-fvisibility=hidden",
+             "-fPIC", "-shared", "-w")
 # Usable UB of one core: 248 KiB, or 216 KiB when a SIMT region needs its data cache
 # (256 KiB less 8 KiB reserved less 32 KiB; AscendC GetRuntimeUBSize).
 UB_BYTES = 248 * 1024
