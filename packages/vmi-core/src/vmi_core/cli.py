@@ -1,7 +1,7 @@
 """The ``vmi`` command: list, run, benchmark and show the source of vmi's ops.
 
     vmi list
-    vmi run OP [--shape 4096x7168] [--target cpu] [--flavor ascend] [-o name=value ...]
+    vmi run OP [--shape 4096x7168] [--target cpu|ascend-sim|...] [--flavor ascend] [-o name=value ...]
     vmi bench OP [--shape ...] [--repeat N] [-o name=value ...]
     vmi source OP --target ascend|cuda|cpu [-o name=value ...]
 """
@@ -17,7 +17,7 @@ import time
 import torch
 
 from .registry import OpInfo, discover
-from .targets import FLAVORS, TARGETS
+from .targets import FLAVORS, TARGETS, device_of
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -53,7 +53,7 @@ def cmd_list(ops: dict[str, OpInfo], args) -> int:
     for op in unique:
         print(f"{op.name:<{width}}  [{op.family}] {op.summary}")
         for target in TARGETS:
-            print(f"{'':<{width}}    {target:<6} {op.targets.get(target, 'not available')}")
+            print(f"{'':<{width}}    {target:<10} {op.targets.get(target, 'not available')}")
     return 0
 
 
@@ -63,7 +63,7 @@ def cmd_run(ops, args) -> int:
     shape = args.shape or op.default_shape
     inputs = op.make_inputs(shape, options, args.seed)
     target = args.target
-    if target != "cpu":
+    if device_of(target) != "cpu":
         print(f"note: target {target!r} needs its device; the inputs are moved there")
     start = time.perf_counter()
     outputs = op.run(inputs, options, target, args.flavor)
