@@ -9,9 +9,14 @@ bodies show what the source checker accepts and what it catches.
 
 from __future__ import annotations
 
+import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import tilelang
 import tilelang.language as T
 import torch
 
@@ -277,3 +282,76 @@ def test_simd_body_runs_on_cpu():
     y = torch.empty_like(x)
     kernel(x, y)
     assert_bitwise_equal(y, (x + 1.0) * 0.5)
+
+
+# --- cache trust ------------------------------------------------------------------------------
+
+class TestCacheTrust:
+    """Cached binaries are loaded and run: the cache must be the user's alone."""
+
+    def test_new_cache_directories_are_private(self, monkeypatch, tmp_path):
+        monkeypatch.setenv(vc.CACHE_DIR_ENV, str(tmp_path / "fresh"))
+        directory = vc.private_cache_dir()
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert stat.S_IMODE(directory.parent.stat().st_mode) == 0o700
+
+    def test_a_cache_others_can_write_is_refused_before_anything_loads(self, monkeypatch, tmp_path):
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)
+        monkeypatch.setenv(vc.CACHE_DIR_ENV, str(shared))
+        # A library planted there with a self-consistent manifest would be loaded by TileLang.
+        with pytest.raises(PermissionError, match=r"writable by others \(mode 777\); run `chmod go-w"):
+            compile_kernel(build_shell_kernel("cpu", 2), "cpu")
+
+    def test_a_cache_of_another_user_is_refused(self, monkeypatch, tmp_path):
+        monkeypatch.setenv(vc.CACHE_DIR_ENV, str(tmp_path))
+        monkeypatch.setattr(vc.os, "geteuid", lambda: os.getuid() + 1)
+        with pytest.raises(PermissionError, match="belongs to uid .* not to this user"):
+            vc.private_cache_dir()
+
+    def test_key_changes_with_the_toolchain(self, monkeypatch):
+        key = vc.cache_key()
+        assert "--version" not in vc.toolchain_identity() and "libtilelang.so" in vc.toolchain_identity()
+        monkeypatch.setattr(vc, "toolchain_identity", lambda: "g++ (other) 99.0 | libtilelang.so:1:2")
+        assert vc.cache_key() != key
+
+    def test_tilelang_cache_setting_does_not_leak(self, monkeypatch, tmp_path):
+        monkeypatch.setenv(vc.CACHE_DIR_ENV, str(tmp_path / "vmi"))
+        before = tilelang.env.TILELANG_CACHE_DIR
+        compile_kernel(build_shell_kernel("cpu", 2), "cpu")
+        assert tilelang.env.TILELANG_CACHE_DIR == before
+        assert any((tmp_path / "vmi").rglob("kernel_lib.so")), "vmi compiled into its own cache"
+
+
+_COMPILE_AND_RUN = """
+import hashlib, sys, torch
+from sim_kernels import row_scale
+x = torch.randn(300, 64, generator=torch.Generator().manual_seed(1))
+y = row_scale(x, 16, "cpu")
+print(hashlib.sha256(y.numpy().tobytes()).hexdigest())
+"""
+
+
+def _compile_and_run_in_processes(count: int, cache: Path) -> list[str]:
+    env = dict(os.environ, VMI_CACHE_DIR=str(cache), PYTHONPATH=str(Path(__file__).parent))
+    procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_AND_RUN], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, results, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    return [out.strip().splitlines()[-1] for out, _ in results]
+
+
+@pytest.mark.parametrize("processes", [2, pytest.param(8, marks=pytest.mark.slow)])
+def test_processes_compiling_one_kernel_into_a_fresh_cache_agree_and_survive_corruption(tmp_path, processes):
+    cache = tmp_path / "cache"
+    digests = _compile_and_run_in_processes(processes, cache)
+    assert len(set(digests)) == 1
+    libraries = list(cache.rglob("kernel_lib.so"))
+    assert libraries, "the kernel was cached"
+    # Truncate one cached library and fill another with garbage: the next process recompiles.
+    libraries[0].write_bytes(libraries[0].read_bytes()[:100])
+    for other in libraries[1:]:
+        other.write_bytes(b"garbage" * 100)
+    assert _compile_and_run_in_processes(1, cache) == digests[:1]

@@ -2,17 +2,27 @@
 
 Each target needs its own pass configuration (see ``pass_configs``); the CPU
 build also needs ``-O2`` (TileLang's C build is ``-O0`` otherwise) and lowering
-rules for ``fabs``/``fmod``. TileLang's disk cache key ignores registered
-lowering rules, so the cache lives in a directory named after vmi-core's
-version and a digest of those rules: changing either starts a fresh cache. ``ascend-sim`` lowers exactly as
-``ascend`` does and compiles that source against vmi-core's Ascend model
-(``vmi_core.ascend_sim``).
+rules for ``fabs``/``fmod``. ``ascend-sim`` lowers exactly as ``ascend`` does and
+compiles that source against vmi-core's Ascend model (``vmi_core.ascend_sim``).
+
+The disk cache: TileLang's key ignores registered lowering rules and the
+compilers, so vmi's cache lives in a directory named after vmi-core's version and
+a digest of the rules, the flags, the host and CUDA compilers' identities and
+TileLang's native libraries: changing any of them starts a fresh cache. A cached
+binary is loaded and run, so the cache must be private: its directories are made
+0700, and one that another user owns or that others can write is refused. vmi
+points TileLang's cache at its own only while it compiles (under a lock), so other
+TileLang users in the process keep theirs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
+import stat
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +44,8 @@ CPU_LOWERING_RULES = (("fabs", "fabsf"), ("fmod", "fmodf"))
 
 _setup_lock = threading.Lock()
 _cpu_rules_registered = False
-_cache_dir_set = False
+# Held while TileLang's cache directory points at vmi's.
+_tilelang_cache_lock = threading.RLock()
 
 
 def cuda_arch() -> str:
@@ -80,25 +91,84 @@ def pass_configs(target: str, *, simd_parallel: bool = True, simt_8bit: bool = F
     raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
 
 
+def _version_line(command: list[str]) -> str:
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "not found"
+    return result.stdout.strip() or result.stderr.strip()
+
+
+@functools.cache
+def toolchain_identity() -> str:
+    """The host C++ compiler, nvcc (when installed) and TileLang's native libraries, as one string."""
+    from tilelang.contrib.cc import get_cplus_compiler
+    from tilelang.contrib.nvcc import get_nvcc_compiler
+
+    cxx = get_cplus_compiler() or "g++"
+    try:
+        nvcc = get_nvcc_compiler()
+    except Exception:  # noqa: BLE001  (no CUDA toolkit: nothing to identify)
+        nvcc = None
+    libraries = sorted((Path(tilelang.__file__).parent / "lib").glob("*.so"))
+    native = [f"{lib.name}:{lib.stat().st_size}:{lib.stat().st_mtime_ns}" for lib in libraries]
+    return "|".join([_version_line([cxx, "--version"]), _version_line([nvcc, "--version"]) if nvcc else "no nvcc",
+                     *native])
+
+
 def cache_key() -> str:
     """What, besides the kernel itself, decides a cached binary's contents."""
     rules = repr((CPU_LOWERING_RULES, CPU_COMPILE_FLAGS))
-    digest = hashlib.sha256(f"{__version__}|{tilelang.__version__}|{rules}".encode()).hexdigest()
-    return f"vmi-{__version__}-{digest[:16]}"
+    identity = f"{__version__}|{tilelang.__version__}|{rules}|{toolchain_identity()}"
+    return f"vmi-{__version__}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, created 0700 if missing; a directory another user owns or others can write is refused.
+
+    Cached binaries are loaded and run: whoever can write the cache can run code as the user.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"the vmi kernel cache {path} belongs to uid {info.st_uid}, not to this user "
+                              f"(uid {os.geteuid()}); set {CACHE_DIR_ENV} to a directory of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"the vmi kernel cache {path} is writable by others (mode "
+                              f"{stat.S_IMODE(info.st_mode):o}); run `chmod go-w {path}` or set {CACHE_DIR_ENV}")
+    return path
 
 
 def cache_dir() -> Path:
+    """vmi's kernel cache: ``$VMI_CACHE_DIR`` (else ``$TILELANG_CACHE_DIR``, else ``~/.cache/vmi``) / key."""
     root = os.environ.get(CACHE_DIR_ENV) or os.environ.get("TILELANG_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "vmi"
     return base / cache_key()
 
 
+def private_cache_dir() -> Path:
+    """``cache_dir()``, checked (and created) private, with its parent."""
+    directory = cache_dir()
+    private_dir(directory.parent)
+    return private_dir(directory)
+
+
+@contextlib.contextmanager
+def _tilelang_cache():
+    """TileLang's cache pointed at vmi's for one compile, then restored."""
+    directory = str(private_cache_dir())
+    with _tilelang_cache_lock:
+        saved = tilelang.env.TILELANG_CACHE_DIR
+        tilelang.env.TILELANG_CACHE_DIR = directory
+        try:
+            yield
+        finally:
+            tilelang.env.TILELANG_CACHE_DIR = saved
+
+
 def _setup(target: str) -> None:
-    global _cpu_rules_registered, _cache_dir_set
+    global _cpu_rules_registered
     with _setup_lock:
-        if not _cache_dir_set:
-            tilelang.env.TILELANG_CACHE_DIR = str(cache_dir())
-            _cache_dir_set = True
         if target == "cpu" and not _cpu_rules_registered:
             for op, libm in CPU_LOWERING_RULES:
                 tvm.ir.register_intrin_lowering(
@@ -129,13 +199,14 @@ def compile_kernel(func, target: str, **config):
 
         artifact = lower_artifact(func, target, **config)
         cores, ub_bytes = launch_shape(artifact.device_mod)
-        return SimKernel(func, artifact.kernel_source, cores, ub_bytes, cache_dir() / "ascend-sim")
+        return SimKernel(func, artifact.kernel_source, cores, ub_bytes, private_dir(private_cache_dir() / "ascend-sim"))
     _setup(target)
     kwargs = {}
     if target == "cpu":
         kwargs["compile_flags"] = list(CPU_COMPILE_FLAGS)
-    return tilelang.compile(func, target=tvm_target(target), pass_configs=pass_configs(target, **config),
-                            **kwargs)
+    with _tilelang_cache():
+        return tilelang.compile(func, target=tvm_target(target), pass_configs=pass_configs(target, **config),
+                                **kwargs)
 
 
 class KernelCache:
