@@ -188,3 +188,15 @@ def test_compiled_simulators_are_cached(tmp_path):
     assert compile_library(prepare_source(source), tmp_path) == first
     assert first.stat().st_mtime_ns == stamp
     assert list(tmp_path.iterdir()) == [first]
+
+
+def test_a_corrupted_cached_simulator_is_rebuilt():
+    source = row_scale_artifact(BLOCK_M).kernel_source + "// rebuilt after corruption\n"
+    from vmi_core.ascend_sim import compile_library
+
+    library = compile_library(prepare_source(source), cache_dir() / "ascend-sim")
+    library.write_bytes(b"garbage" * 64)
+    x = _inputs(40, 6)
+    y = torch.empty_like(x)
+    _sim_kernel(source)(x, y)
+    assert_bitwise_equal(y, row_scale_reference(x))

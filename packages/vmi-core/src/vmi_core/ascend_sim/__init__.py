@@ -203,7 +203,13 @@ class SimKernel:
         self.ub_alloc = ub_alloc
         self.ub_capacity = UB_BYTES_WITH_SIMT if "__simt_vf__" in source else UB_BYTES
         self._func = func
-        self._lib, self._lock = _load(compile_library(prepare_source(source), cache))
+        prepared = prepare_source(source)
+        library = compile_library(prepared, cache)
+        try:
+            self._lib, self._lock = _load(library)
+        except OSError:  # a truncated or garbage cache entry: build it again
+            library.unlink(missing_ok=True)
+            self._lib, self._lock = _load(compile_library(prepared, cache))
 
     def _bind(self, args) -> dict:
         """Names of the emitted entry's parameters -> values, from the prim_func's arguments."""
