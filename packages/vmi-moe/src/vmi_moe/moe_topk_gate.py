@@ -7,7 +7,7 @@ and parameters follow TileKernels v2; ``target`` and ``flavor`` are vmi's additi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -51,6 +51,8 @@ class GateCall:
     status: torch.Tensor
     ep_rank: int
     routed_scaling_factor: float
+    # Fields holding the caller's tensors that the kernel writes.
+    caller_outputs: tuple[str, ...] = ()
 
 
 def _token_flags(t, name: str, num_tokens: int, device) -> torch.Tensor | None:
@@ -138,9 +140,11 @@ def _prepare(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_
         has_bias=bias is not None, has_image=image_bias is not None, has_fixed=fix_routing_mask is not None,
         has_unmapped=unmapped_topk_idx is not None, has_map=to_physical_map is not None,
         has_force_random=force_random is not None, has_scores=scores is not None)
+    caller_outputs = (("topk_idx", "topk_weights") if out is not None else ()) + (
+        ("scores",) if scores is not None else ()) + (("unmapped",) if unmapped_topk_idx is not None else ())
     call = GateCall(spec, logits, mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map,
                     logical_count, unmapped_topk_idx, force_random, topk_idx, topk_weights, scores,
-                    new_status(device), ep_rank, scale)
+                    new_status(device), ep_rank, scale, caller_outputs)
     return target, call
 
 
@@ -160,6 +164,17 @@ def _run_reference(call: GateCall) -> None:
         call.scores.copy_(scores)
 
 
+def _staged(call: GateCall) -> GateCall:
+    """The call with the caller's tensors that the kernel writes replaced by scratch copies.
+
+    The kernel flags bad data (non-finite logits, bad fixed experts) while it writes; the
+    caller's ``out``, ``scores`` and ``unmapped_topk_idx`` get the results only once the
+    flags are clear, so an error leaves them as they were. ``unmapped_topk_idx`` is also
+    read (the fixed experts), so its scratch copy starts as a clone.
+    """
+    return replace(call, **{name: getattr(call, name).clone() for name in call.caller_outputs})
+
+
 def run_moe_topk_gate(args: tuple, target, flavor, kernel_only=False):
     target, call = _prepare(*args, target, flavor)
     if target == "torch":
@@ -167,8 +182,11 @@ def run_moe_topk_gate(args: tuple, target, flavor, kernel_only=False):
             raise ValueError("moe_topk_gate_forward_parallel always runs the kernel; target 'torch' is the reference")
         _run_reference(call)
     elif call.logits.shape[0]:
-        parallel.launch(call, target)
-        raise_status(call.status, "moe_topk_gate_forward", "logits", "unmapped_topk_idx")
+        staged = _staged(call)
+        parallel.launch(staged, target)
+        raise_status(staged.status, "moe_topk_gate_forward", "logits", "unmapped_topk_idx")
+        for name in call.caller_outputs:
+            getattr(call, name).copy_(getattr(staged, name))
     return call.topk_idx, call.topk_weights
 
 
@@ -201,7 +219,8 @@ def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_rou
     becomes replica ``(ep_rank + token * 23333) mod count`` of its row.
 
     Non-finite logits of routed tokens, fixed experts outside ``[0, E)`` and replica
-    counts outside ``[1, Dup]`` raise ``ValueError`` after the kernel ran.
+    counts outside ``[1, Dup]`` raise ``ValueError`` after the kernel ran; ``out``,
+    ``scores`` and ``unmapped_topk_idx`` are then left as they were.
     """
     return run_moe_topk_gate((logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
                               ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,

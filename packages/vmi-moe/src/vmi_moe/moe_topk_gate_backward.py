@@ -7,7 +7,7 @@ v2; ``target`` and ``flavor`` are vmi's additions (see vmi_core.targets).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -35,6 +35,7 @@ class GateBackwardCall:
     status: torch.Tensor
     routed_scaling_factor: float
     tokens_per_seq: int
+    out_given: bool = False
 
 
 def _prepare(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
@@ -49,7 +50,11 @@ def _prepare(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_f
     num_tokens, num_experts = scores.shape
     if num_experts == 0:
         raise ValueError("scores must have at least one expert column")
-    check_tensor(topk_idx, "topk_idx", torch.int64, (num_tokens, None), device)
+    check_tensor(topk_idx, "topk_idx", torch.int64, (num_tokens, None), device, contiguous=False)
+    if topk_idx.shape[1] > 1 and topk_idx.stride(1) != 1:
+        raise ValueError(f"topk_idx must have unit column stride, got strides {tuple(topk_idx.stride())}")
+    # The forward writes a row-strided unmapped_topk_idx; the kernel reads packed rows.
+    topk_idx = topk_idx.contiguous()
     num_topk = check_topk(topk_idx.shape[1], num_experts, "topk_idx.size(1) (num_topk)")
     check_tensor(topk_weights, "topk_weights", torch.float32, (num_tokens, num_topk), device)
     check_tensor(grad_topk_weights, "grad_topk_weights", torch.float32, (num_tokens, num_topk), device)
@@ -74,7 +79,7 @@ def _prepare(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_f
         grad_logits = torch.empty_like(scores)
     spec = parallel.GateBackwardSpec(num_experts, num_topk, flavor.name, has_aux=mask is not None)
     call = GateBackwardCall(spec, scores, topk_idx, topk_weights, grad_topk_weights, mask, grad_scores_sum,
-                            grad_logits, new_status(device), scale, tokens_per_seq)
+                            grad_logits, new_status(device), scale, tokens_per_seq, out is not None)
     return target, call
 
 
@@ -88,8 +93,12 @@ def run_moe_topk_gate_backward(args: tuple, target, flavor, kernel_only=False):
             call.scores, call.topk_idx, call.topk_weights, call.grad_topk_weights, call.routed_scaling_factor,
             mask=call.mask, grad_scores_sum=call.grad_scores_sum))
     elif call.scores.shape[0]:
-        parallel.launch(call, target)
-        raise_status(call.status, "moe_topk_gate_backward", "scores", "topk_idx")
+        # A caller's out gets the gradient only once the kernel's flags are clear.
+        staged = replace(call, grad_logits=torch.empty_like(call.grad_logits)) if call.out_given else call
+        parallel.launch(staged, target)
+        raise_status(staged.status, "moe_topk_gate_backward", "scores", "topk_idx")
+        if staged is not call:
+            call.grad_logits.copy_(staged.grad_logits)
     return call.grad_logits
 
 
