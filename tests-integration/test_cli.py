@@ -52,3 +52,40 @@ def test_bad_option_is_a_clear_error():
     assert "num_per_channels" in result.stderr
     unknown = vmi("run", "no_such_op")
     assert unknown.returncode != 0 and "unknown op" in unknown.stderr
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (["run", "no_such_op"], "unknown op 'no_such_op'"),
+    (["run", "per_token_cast", "-o", "num_per_channels=abc"], "option num_per_channels takes an integer, got 'abc'"),
+    (["run", "per_token_cast", "-o", "no_such_option=1"], "has no option 'no_such_option'"),
+    (["run", "per_token_cast", "--repeat", "0"], "argument --repeat: must be a positive integer, got 0"),
+    (["bench", "per_token_cast", "--repeat", "-3"], "argument --repeat: must be a positive integer"),
+    (["run", "per_token_cast", "--shape", "64"], "--shape: per_token_cast takes a 2-D shape"),
+    (["run", "per_token_cast", "--shape", "4x-64"], "argument --shape: shape sizes must not be negative"),
+    (["run", "per_block_cast", "--shape", "3x5"], "multiples of 128"),
+    (["run", "per_token_cast", "--target", "cuda"], "target 'cuda' needs a CUDA GPU"),
+    (["run", "per_token_cast", "--target", "ascend"], "target 'ascend' needs an Ascend NPU"),
+])
+def test_user_errors_are_one_line_with_exit_status_2(args, names, capsys):
+    """In process (the command's main), so that the many cases cost no interpreter start each."""
+    import torch
+
+    from vmi_core.cli import main
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this host has a CUDA GPU, so --target cuda is not an error here")
+    try:
+        status = main(args)
+    except SystemExit as exit_:
+        status = exit_.code
+    err = capsys.readouterr().err
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0], err
+
+
+def test_run_on_ascend_sim():
+    result = vmi("run", "per_token_cast", "--target", "ascend-sim", "--shape", "40x256", "--repeat", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "target=ascend-sim" in result.stdout and "matches the reference bit for bit" in result.stdout
+    assert "ascend-sim" in vmi("list").stdout

@@ -20,11 +20,45 @@ from .registry import OpInfo, discover
 from .targets import FLAVORS, TARGETS, device_of
 
 
+class UserError(Exception):
+    """A mistake in the command line: reported as one line, exit status 2."""
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(part) for part in text.lower().split("x"))
+        shape = tuple(int(part) for part in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"shape must look like 4096x7168, got {text!r}") from None
+    if any(n < 0 for n in shape):
+        raise argparse.ArgumentTypeError(f"shape sizes must not be negative, got {text!r}")
+    return shape
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _check_device(target: str) -> None:
+    """The device a target's tensors live on must be present (``ascend-sim`` and ``cpu`` run here)."""
+    device = device_of(target)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"target {target!r} needs a CUDA GPU, and torch sees none on this host "
+                        f"(--target cpu or ascend-sim run here)")
+    if device == "npu" and not (hasattr(torch, "npu") and torch.npu.is_available()):
+        raise UserError(f"target {target!r} needs an Ascend NPU with torch_npu, and none is available on this "
+                        f"host (--target ascend-sim runs the ascend kernels on the CPU)")
+
+
+def _check_shape(op: OpInfo, shape: tuple[int, ...]) -> None:
+    if len(shape) != len(op.default_shape):
+        raise UserError(f"--shape: {op.name} takes a {len(op.default_shape)}-D shape like "
+                        f"{'x'.join(map(str, op.default_shape))}, got {'x'.join(map(str, shape))}")
 
 
 def _timed(fn, repeat: int) -> tuple[object, float]:
@@ -40,7 +74,7 @@ def _timed(fn, repeat: int) -> tuple[object, float]:
 
 def _op(ops: dict[str, OpInfo], name: str) -> OpInfo:
     if name not in ops:
-        raise SystemExit(f"vmi: unknown op {name!r}; installed ops: {', '.join(sorted(ops)) or 'none'}")
+        raise UserError(f"unknown op {name!r}; installed ops: {', '.join(sorted(ops)) or 'none'}")
     return ops[name]
 
 
@@ -61,8 +95,10 @@ def cmd_run(ops, args) -> int:
     op = _op(ops, args.op)
     options = op.parse_options(args.opt)
     shape = args.shape or op.default_shape
-    inputs = op.make_inputs(shape, options, args.seed)
+    _check_shape(op, shape)
     target = args.target
+    _check_device(target)
+    inputs = op.make_inputs(shape, options, args.seed)
     if device_of(target) != "cpu":
         print(f"note: target {target!r} needs its device; the inputs are moved there")
     start = time.perf_counter()
@@ -88,6 +124,8 @@ def cmd_bench(ops, args) -> int:
     op = _op(ops, args.op)
     options = op.parse_options(args.opt)
     shapes = [args.shape] if args.shape else list(op.bench_shapes)
+    for shape in shapes:
+        _check_shape(op, shape)
     print(f"{op.name} on cpu vs its torch reference ({torch.get_num_threads()} torch threads), "
           f"options: {', '.join(f'{k}={v}' for k, v in options.items())}")
     print(f"{'shape':>14} {'kernel GB/s':>12} {'torch GB/s':>11} {'ratio':>7}")
@@ -109,8 +147,15 @@ def cmd_source(ops, args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors as one line (the usage is what ``--help`` prints)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vmi", description="vmi kernel library: list, run, bench, source")
+    parser = _Parser(prog="vmi", description="vmi kernel library: list, run, bench, source")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="ops and their status per target")
 
@@ -127,10 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = op_parser("run", "run an op, check it against the reference, time both")
     run.add_argument("--shape", type=_shape)
     run.add_argument("--target", choices=TARGETS, default="cpu")
-    run.add_argument("--repeat", type=int, default=3)
+    run.add_argument("--repeat", type=_positive, default=3)
     bench = op_parser("bench", "throughput of the cpu kernel and the torch reference")
     bench.add_argument("--shape", type=_shape)
-    bench.add_argument("--repeat", type=int, default=10)
+    bench.add_argument("--repeat", type=_positive, default=10)
     source = op_parser("source", "print the generated kernel source")
     source.add_argument("--target", choices=TARGETS, required=True)
     return parser
@@ -146,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "source": cmd_source}
     try:
         return handlers[args.command](ops, args)
-    except (ValueError, TypeError) as error:
-        print(f"vmi: {error}", file=sys.stderr)
+    except (UserError, ValueError, TypeError) as error:
+        # The ops' argument checks raise ValueError/TypeError naming the argument.
+        print(f"vmi: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
 
 

@@ -29,7 +29,10 @@ class Option:
                 raise ValueError(f"option {self.name} takes true/false, got {text!r}")
             value = text.lower() in ("1", "true", "yes")
         elif isinstance(self.default, int):
-            value = int(text)
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError(f"option {self.name} takes an integer, got {text!r}") from None
         else:
             value = text
         if self.choices and value not in self.choices:
