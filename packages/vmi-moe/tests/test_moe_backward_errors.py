@@ -65,7 +65,7 @@ META = torch.device("meta")
     ({"topk_idx": IDX.tolist()}, TypeError, "topk_idx must be a torch.Tensor"),
     ({"topk_idx": IDX[:5]}, ValueError, "topk_idx must have shape"),
     ({"topk_idx": IDX[:, 0]}, ValueError, "topk_idx must have shape"),
-    ({"topk_idx": strided(IDX)}, ValueError, "topk_idx must be contiguous"),
+    ({"topk_idx": strided(IDX)}, ValueError, "topk_idx must have unit column stride"),
     ({"topk_idx": IDX.to(META)}, ValueError, "topk_idx must be on cpu"),
     ({"topk_idx": torch.zeros(T, 0, dtype=torch.int64)}, ValueError, r"num_topk\) must be in \[1, 32\]"),
     # K > E and K > 32

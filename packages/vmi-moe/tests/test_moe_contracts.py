@@ -99,3 +99,26 @@ def test_backward_rejects_a_column_strided_topk_idx():
     weights = torch.rand(T, K)
     with pytest.raises(ValueError, match="topk_idx must have unit column stride"):
         moe_topk_gate_backward(scores, idx, weights, weights, 1.0)
+
+
+def test_outputs_that_share_memory_with_inputs_or_each_other_are_rejected():
+    logits = _logits(6)
+    flat = torch.empty(T * E)
+    with pytest.raises(ValueError, match=r"scores shares memory with logits"):
+        moe_topk_gate_forward(logits, K, False, 0, 1.0, 0, scores=logits)
+    with pytest.raises(ValueError, match=r"out\[1\] \(topk_weights\) shares memory with scores"):
+        moe_topk_gate_forward(logits, K, False, 0, 1.0, 0, scores=flat.view(T, E),
+                              out=(torch.empty(T, K, dtype=torch.int64), flat[: T * K].view(T, K)))
+    with pytest.raises(ValueError, match=r"unmapped_topk_idx shares memory with logits"):
+        moe_topk_gate_forward(logits, K, False, 0, 1.0, 0, unmapped_topk_idx=logits.view(torch.int64)[:, :K])
+    with pytest.raises(ValueError, match=r"out\[0\] \(topk_idx\) must be contiguous"):
+        moe_topk_gate_forward(logits, K, False, 0, 1.0, 0,
+                              out=(torch.zeros(1, K, dtype=torch.int64).expand(T, K), torch.empty(T, K)))
+
+
+def test_backward_out_sharing_memory_with_an_input_is_rejected():
+    scores = torch.rand(T, E)
+    idx = torch.zeros(T, K, dtype=torch.int64)
+    weights = torch.rand(T, K)
+    with pytest.raises(ValueError, match="out shares memory with scores"):
+        moe_topk_gate_backward(scores, idx, weights, weights, 1.0, out=scores)

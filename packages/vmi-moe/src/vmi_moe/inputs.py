@@ -1,4 +1,4 @@
-"""Validation of the MoE ops' arguments.
+"""Validation of the MoE ops' arguments (the generic checks are vmi_core.checks).
 
 Everything here runs before any kernel: bad input raises ``TypeError`` (wrong type
 or dtype) or ``ValueError`` (wrong shape, stride, device, size or option) naming
@@ -7,53 +7,14 @@ the argument, and no output is written.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
+
+from vmi_core.checks import check_int
 
 from .kernel_common import STATUS_BAD_COUNT, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_WORDS
 
 SCORING_FUNCS = ("sqrtsoftplus",)
 MAX_TOPK = 32
-
-
-def check_tensor(t, name: str, dtype: torch.dtype, shape: tuple, device: torch.device | None = None,
-                 contiguous: bool = True) -> torch.Tensor:
-    """``t`` is a tensor of ``dtype`` and ``shape`` (``None`` entries: any size) on ``device``."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != len(shape) or any(want is not None and got != want for got, want in zip(t.shape, shape, strict=True)):
-        want = tuple("*" if s is None else s for s in shape)
-        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} must be on {device}, got {t.device}")
-    if contiguous and not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
-    return t
-
-
-def check_int(value, name: str, low: int, high: int | None = None) -> int:
-    """``value`` is an int in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return int(value)
-
-
-def check_float(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    return float(value)
-
-
-def check_bool(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
 
 
 def check_scoring_func(op: str, scoring_func) -> None:

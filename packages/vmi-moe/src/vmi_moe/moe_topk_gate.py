@@ -11,19 +11,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from vmi_core.checks import INT32_MAX, check_bool, check_disjoint, check_float, check_int, check_tensor
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import moe_topk_gate_parallel as parallel
-from .inputs import (
-    check_bool,
-    check_float,
-    check_int,
-    check_scoring_func,
-    check_tensor,
-    check_topk,
-    new_status,
-    raise_status,
-)
+from .inputs import check_scoring_func, check_topk, new_status, raise_status
 from .reference import gate as reference
 
 # ep_rank enters the replica choice and the random draws as an int32.
@@ -80,7 +72,7 @@ def _prepare(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     target = resolve_target(logits, target)
     flavor = resolve_flavor(target, flavor)
-    check_tensor(logits, "logits", torch.float32, (None, None))
+    check_tensor(logits, "logits", dtype=torch.float32, shape=(None, None), contiguous=True)
     num_tokens, num_experts = logits.shape
     device = logits.device
     if num_experts == 0:
@@ -97,11 +89,12 @@ def _prepare(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_
     num_physical_topk, num_logical = num_topk + num_shared, num_experts + num_shared
 
     if bias is not None:
-        check_tensor(bias, "bias", torch.float32, (num_experts,), device)
+        check_tensor(bias, "bias", dtype=torch.float32, shape=(num_experts,), device=device, contiguous=True)
     if (image_bias is None) != (image_token_mask is None):
         raise ValueError("image_bias and image_token_mask must be given together")
     if image_bias is not None:
-        check_tensor(image_bias, "image_bias", torch.float32, (num_experts,), device)
+        check_tensor(image_bias, "image_bias", dtype=torch.float32, shape=(num_experts,),
+                     device=device, contiguous=True)
     mask = _token_flags(mask, "mask", num_tokens, device)
     image_token_mask = _token_flags(image_token_mask, "image_token_mask", num_tokens, device)
     fix_routing_mask = _token_flags(fix_routing_mask, "fix_routing_mask", num_tokens, device)
@@ -110,30 +103,44 @@ def _prepare(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_
         raise ValueError("to_physical_map and logical_count must be given together")
     num_replicas = 1
     if to_physical_map is not None:
-        check_tensor(to_physical_map, "to_physical_map", torch.int32, (num_logical, None), device)
+        check_tensor(to_physical_map, "to_physical_map", dtype=torch.int32, shape=(num_logical, None),
+                     device=device, contiguous=True)
         num_replicas = to_physical_map.shape[1]
         if num_replicas == 0:
             raise ValueError("to_physical_map must have at least one replica column")
-        check_tensor(logical_count, "logical_count", torch.int32, (num_logical,), device)
+        check_tensor(logical_count, "logical_count", dtype=torch.int32, shape=(num_logical,),
+                     device=device, contiguous=True)
     if unmapped_topk_idx is not None:
-        check_tensor(unmapped_topk_idx, "unmapped_topk_idx", torch.int64, (num_tokens, num_topk), device,
-                     contiguous=False)
+        check_tensor(unmapped_topk_idx, "unmapped_topk_idx", dtype=torch.int64, shape=(num_tokens, num_topk),
+                     device=device, contiguous=False)
         if unmapped_topk_idx.stride(1) != 1 or (num_tokens > 1 and unmapped_topk_idx.stride(0) < num_topk):
             raise ValueError(f"unmapped_topk_idx must have unit column stride and non-overlapping rows, got "
                              f"strides {tuple(unmapped_topk_idx.stride())}")
+        # The kernel takes its row stride as an int32 (rows are launched in int32-addressable chunks).
+        check_int(unmapped_topk_idx.stride(0), "the row stride of unmapped_topk_idx", high=INT32_MAX)
     if fix_routing_mask is not None and unmapped_topk_idx is None:
         raise ValueError("fix_routing_mask requires unmapped_topk_idx (the fixed experts)")
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError("out must be a tuple (topk_idx, topk_weights)")
-        check_tensor(out[0], "out[0] (topk_idx)", torch.int64, (num_tokens, num_physical_topk), device)
-        check_tensor(out[1], "out[1] (topk_weights)", torch.float32, (num_tokens, num_physical_topk), device)
+        check_tensor(out[0], "out[0] (topk_idx)", dtype=torch.int64, shape=(num_tokens, num_physical_topk),
+                     device=device, contiguous=True)
+        check_tensor(out[1], "out[1] (topk_weights)", dtype=torch.float32, shape=(num_tokens, num_physical_topk),
+                     device=device, contiguous=True)
         topk_idx, topk_weights = out
     else:
         topk_idx = torch.empty(num_tokens, num_physical_topk, dtype=torch.int64, device=device)
         topk_weights = torch.empty(num_tokens, num_physical_topk, dtype=torch.float32, device=device)
     if scores is not None:
-        check_tensor(scores, "scores", torch.float32, (num_tokens, num_experts), device)
+        check_tensor(scores, "scores", dtype=torch.float32, shape=(num_tokens, num_experts),
+                     device=device, contiguous=True)
+    check_disjoint(
+        {"out[0] (topk_idx)": topk_idx if out is not None else None,
+         "out[1] (topk_weights)": topk_weights if out is not None else None,
+         "scores": scores, "unmapped_topk_idx": unmapped_topk_idx},
+        {"logits": logits, "mask": mask, "bias": bias, "image_bias": image_bias, "image_token_mask": image_token_mask,
+         "fix_routing_mask": fix_routing_mask, "to_physical_map": to_physical_map, "logical_count": logical_count,
+         "force_random": force_random})
 
     spec = parallel.GateSpec(
         num_experts, num_topk, num_shared, num_replicas, flavor.name, has_mask=mask is not None,

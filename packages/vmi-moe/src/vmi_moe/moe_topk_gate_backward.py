@@ -11,10 +11,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from vmi_core.checks import check_disjoint, check_float, check_tensor
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import moe_topk_gate_backward_parallel as parallel
-from .inputs import check_float, check_scoring_func, check_tensor, check_topk, new_status, raise_status
+from .inputs import check_scoring_func, check_topk, new_status, raise_status
 from .reference import backward as reference
 
 MAX_TOKENS_PER_SEQ = 2**31 - 1
@@ -46,25 +47,28 @@ def _prepare(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_f
     target = resolve_target(scores, target)
     flavor = resolve_flavor(target, flavor)
     device = scores.device
-    check_tensor(scores, "scores", torch.float32, (None, None))
+    check_tensor(scores, "scores", dtype=torch.float32, shape=(None, None), contiguous=True)
     num_tokens, num_experts = scores.shape
     if num_experts == 0:
         raise ValueError("scores must have at least one expert column")
-    check_tensor(topk_idx, "topk_idx", torch.int64, (num_tokens, None), device, contiguous=False)
+    check_tensor(topk_idx, "topk_idx", dtype=torch.int64, shape=(num_tokens, None), device=device, contiguous=False)
     if topk_idx.shape[1] > 1 and topk_idx.stride(1) != 1:
         raise ValueError(f"topk_idx must have unit column stride, got strides {tuple(topk_idx.stride())}")
     # The forward writes a row-strided unmapped_topk_idx; the kernel reads packed rows.
     topk_idx = topk_idx.contiguous()
     num_topk = check_topk(topk_idx.shape[1], num_experts, "topk_idx.size(1) (num_topk)")
-    check_tensor(topk_weights, "topk_weights", torch.float32, (num_tokens, num_topk), device)
-    check_tensor(grad_topk_weights, "grad_topk_weights", torch.float32, (num_tokens, num_topk), device)
+    check_tensor(topk_weights, "topk_weights", dtype=torch.float32, shape=(num_tokens, num_topk),
+                 device=device, contiguous=True)
+    check_tensor(grad_topk_weights, "grad_topk_weights", dtype=torch.float32, shape=(num_tokens, num_topk),
+                 device=device, contiguous=True)
     scale = check_float(routed_scaling_factor, "routed_scaling_factor")
     if (mask is None) != (grad_scores_sum is None):
         raise ValueError("mask and grad_scores_sum must be given together (the auxiliary term needs both)")
     tokens_per_seq = 0
     if mask is not None:
-        check_tensor(mask, "mask", torch.bool, (num_tokens,), device)
-        check_tensor(grad_scores_sum, "grad_scores_sum", torch.float32, (None, num_experts), device)
+        check_tensor(mask, "mask", dtype=torch.bool, shape=(num_tokens,), device=device, contiguous=True)
+        check_tensor(grad_scores_sum, "grad_scores_sum", dtype=torch.float32, shape=(None, num_experts),
+                     device=device, contiguous=True)
         num_seqs = grad_scores_sum.shape[0]
         if num_seqs == 0 or num_tokens % num_seqs:
             raise ValueError(f"the number of tokens ({num_tokens}) must be a multiple of the number of sequences "
@@ -73,7 +77,10 @@ def _prepare(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_f
         if tokens_per_seq > MAX_TOKENS_PER_SEQ:
             raise ValueError(f"tokens per sequence must fit int32, got {tokens_per_seq}")
     if out is not None:
-        check_tensor(out, "out", torch.float32, (num_tokens, num_experts), device)
+        check_tensor(out, "out", dtype=torch.float32, shape=(num_tokens, num_experts), device=device, contiguous=True)
+        check_disjoint({"out": out}, {"scores": scores, "topk_idx": topk_idx, "topk_weights": topk_weights,
+                                      "grad_topk_weights": grad_topk_weights, "mask": mask,
+                                      "grad_scores_sum": grad_scores_sum})
         grad_logits = out
     else:
         grad_logits = torch.empty_like(scores)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.checks import check_tensor
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import normalize_weight_parallel as parallel
-from .inputs import MAX_TOPK, check_tensor
+from .inputs import MAX_TOPK
 from .reference import normalize as reference
 
 
@@ -35,7 +36,7 @@ def run_normalize_weight(topk_weights, target, flavor, kernel_only=False):
         raise TypeError(f"topk_weights must be a torch.Tensor, got {type(topk_weights).__name__}")
     target = resolve_target(topk_weights, target)
     flavor = resolve_flavor(target, flavor)
-    check_tensor(topk_weights, "topk_weights", torch.float32, (None, None))
+    check_tensor(topk_weights, "topk_weights", dtype=torch.float32, shape=(None, None), contiguous=True)
     num_rows, num_topk = topk_weights.shape
     if not 1 <= num_topk <= MAX_TOPK:
         raise ValueError(f"topk_weights must have 1 to {MAX_TOPK} columns, got {num_topk}")

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.checks import check_tensor
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import topk_gate_parallel as parallel
-from .inputs import check_tensor, check_topk, new_status, raise_status
+from .inputs import check_topk, new_status, raise_status
 from .reference import topk as reference
 
 
@@ -35,7 +36,7 @@ def run_topk_gate(scores, num_topk, target, flavor, kernel_only=False):
     target = resolve_target(scores, target)
     # No bit of topk_gate depends on the flavor; the argument is still checked like every op's.
     resolve_flavor(target, flavor)
-    check_tensor(scores, "scores", torch.float32, (None, None))
+    check_tensor(scores, "scores", dtype=torch.float32, shape=(None, None), contiguous=True)
     num_tokens, num_experts = scores.shape
     if num_experts == 0:
         raise ValueError("scores must have at least one expert column")
