@@ -16,6 +16,7 @@ from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
 from . import per_block_cast_lossless_parallel as parallel
 from .inputs import check_matrix, check_same_device, check_sf_options, logical_cols, sf_layout_of
+from .reference.lossless import check_power_of_two_sf
 from .reference.lossless import per_block_cast_lossless as reference_lossless
 
 
@@ -77,6 +78,8 @@ def _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
     if in_layout.kind == "e4m3":
         raise TypeError("x sf must hold powers of two (float32 or packed UE8M0), not float8_e4m3fn")
     in_layout.check(in_sf, ceil_div(num_tokens, x_block[0]), ceil_div(hidden, x_block[1]), "x sf")
+    # Only the exponent bits of an fp32 SF are used: reject what they cannot hold exactly.
+    check_power_of_two_sf(in_sf, "x sf")
     if use_packed_ue8m0 and use_tma_aligned_col_major_sf and out_block[1] == 1:
         raise ValueError("an SF packed along tokens (out_block_size[1] == 1) cannot be column-major")
     layout = SFLayout.of(flavor, packed=use_packed_ue8m0, col_major=use_tma_aligned_col_major_sf,
@@ -115,6 +118,11 @@ def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_a
     two or packed UE8M0, any layout. Block dims are powers of two up to 128 and the output
     block is a multiple of the input block. ``fmt`` must be ``"e4m3"``. The output SF is fp32
     or packed UE8M0 (``use_packed_ue8m0``, needs ``round_sf``), row- or column-major.
+
+    Only the exponent bits of an fp32 ``sf`` are used, so every element must be a positive normal
+    power of two (2^-126 .. 2^127, what UE8M0 bytes 1..254 decode to); any other value (a
+    mantissa, a sign, 0.0, a subnormal, inf, NaN) raises ValueError naming ``x sf`` before any
+    kernel runs (a one-pass check on the SF tensor).
     Raises ValueError when an output block's input exponents span more than 11 binades.
     """
     return run_per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,

@@ -21,6 +21,39 @@ EXPONENT_HEADROOM = 6
 EXPONENT_FOOTROOM = 5
 
 
+def check_power_of_two_sf(sf: torch.Tensor, name: str = "x sf") -> None:
+    """Raise ValueError unless every element of an fp32 input SF is a positive normal power of two.
+
+    Only the exponent bits of an fp32 SF are used (as the UE8M0 byte ``bits >> 23``), so any other
+    value (a mantissa, a sign, 0.0, a subnormal, inf or NaN) would be re-quantized lossily. The legal
+    values are exactly what UE8M0 bytes 1..254 decode to: 2^-126 .. 2^127.
+    """
+    if sf.dtype != torch.float32 or sf.numel() == 0:
+        return
+    bits = f32_bits(sf)
+    exponent = bits >> 23
+    bad = ((bits & 0x807FFFFF) != 0) | (exponent == 0) | (exponent == 255)
+    if not bool(bad.any()):
+        return
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    value = float(sf[index])
+    if value != value:
+        reason = "NaN"
+    elif value < 0 or (value == 0 and bits[index] >> 31):
+        reason = "negative"
+    elif value == 0.0:
+        reason = "zero"
+    elif value == float("inf"):
+        reason = "infinite"
+    elif exponent[index] == 0:
+        reason = "subnormal"
+    else:
+        reason = "not a power of two"
+    raise ValueError(f"{name} (float32) must hold positive normal powers of two (2^-126 .. 2^127): only "
+                     f"their exponent bits are used, so any other value would be re-quantized lossily; "
+                     f"{name}[{', '.join(map(str, index))}] = {value!r} is {reason}")
+
+
 def per_block_cast_lossless(x: tuple, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False,
                             round_sf=False, use_packed_ue8m0=False, flavor: str | Flavor = "ascend"):
     """Re-quantize an FP4 QuantTensor ``(data, sf)`` with blocks ``x_block_size`` to E4M3 with blocks
@@ -36,6 +69,7 @@ def per_block_cast_lossless(x: tuple, fmt: str, x_block_size, out_block_size, us
         raise ValueError(f"x data must be int8 (packed FP4), got {data.dtype}")
     if sf.dtype == torch.float8_e4m3fn:
         raise ValueError("x sf must hold powers of two (fp32 or packed UE8M0), not E4M3")
+    check_power_of_two_sf(sf)
     codes = e2m1_unpack(data)
     shape = tuple(codes.shape)
     x_block, out_block = tuple(x_block_size), tuple(out_block_size)
