@@ -133,13 +133,22 @@ def e2m1_unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 def ue8m0_encode_ceil(x: torch.Tensor) -> torch.Tensor:
-    """Biased exponent (uint8) of the power-of-two ceiling of positive fp32 ``x``."""
+    """Biased exponent (uint8) of the power-of-two ceiling of non-negative fp32 ``x``: subnormals give
+    1, values above 2^127 and inf give 255, 0 and every NaN give 0."""
     return (((f32_bits(x) + _MANT) & _INF) >> 23).to(torch.uint8)
 
 
 def ue8m0_decode(exps: torch.Tensor) -> torch.Tensor:
     """UE8M0 bytes -> fp32 ``f32(e << 23)`` (so 0 -> 0.0 and 255 -> inf)."""
     return f32_from_bits((exps.to(torch.int64) & 0xFF) << 23)
+
+
+def ue8m0_reciprocal(exps: torch.Tensor) -> torch.Tensor:
+    """UE8M0 bytes -> fp32 ``1 / f32(e << 23)`` exactly: ``2^(127-e)``, so 254 -> 2^-127 (subnormal),
+    255 -> 0.0 and 0 -> inf."""
+    e = exps.to(torch.int64) & 0xFF
+    bits = torch.where(e == 0, _INF, torch.where(e == 254, 0x400000, torch.where(e == 255, 0, (254 - e) << 23)))
+    return f32_from_bits(bits)
 
 
 def _word_dtype(pack: int) -> torch.dtype:

@@ -38,34 +38,80 @@ class ScaleRule:
         return QMAX[self.fmt]
 
 
+# The canonical NaN every quantization op writes (fp32 SF, and the value behind NaN codes):
+# IEEE 754 leaves the sign and payload of a NaN result open, and targets differ (x86 makes
+# 0 * inf negative, CUDA returns 0x7FFFFFFF, torch's amax returns 0xFFFFFFFF).
+CANONICAL_NAN = 0x7FC00000
+_F32_INF = 0x7F800000
+
+
+@T.macro
+def canonical_nan(x):
+    """``x`` (fp32) with any NaN replaced by the canonical quiet NaN ``+0x7FC00000``."""
+    b = T.alloc_var("uint32")
+    b = F.f32_bits(x)
+    return F.f32_from_bits(T.Select((b & F.u32(0x7FFFFFFF)) > F.u32(_F32_INF), F.u32(CANONICAL_NAN), b))
+
+
+def is_nan_bits(bits):
+    """Whether an |x| bit pattern (sign cleared) is a NaN."""
+    return bits > F.u32(_F32_INF)
+
+
+@T.macro
+def clamped_amax(rule: ScaleRule, amax_bits):
+    """``c = max(amax, clamp)`` from the |x| bit pattern of a block's amax; a NaN amax stays NaN
+    (canonical), as ``torch.maximum`` keeps it (``T.max`` would return the clamp)."""
+    return T.Select(is_nan_bits(amax_bits), F.f32_from_bits(F.u32(CANONICAL_NAN)),
+                    T.max(F.f32_from_bits(amax_bits), F.f32_const(rule.clamp)))
+
+
+@T.macro
+def e4m3_scale_code(rule: ScaleRule, amax_bits):
+    """The E4M3 sf code (as uint32) of a block: ``e4m3(c / Q)``, saturating (an inf amax gives
+    448); a NaN amax gives 0x7F."""
+    return T.Select(is_nan_bits(amax_bits), F.u32(0x7F),
+                    T.Cast("uint32", F.f32_to_e4m3(clamped_amax(rule, amax_bits) / F.f32_const(rule.qmax))))
+
+
 @T.macro
 def store_scale(rule: ScaleRule, amax_bits, sf_tile, sf_inv_tile, i, g):
     """From the |x| bit pattern of a block's amax, write ``sf_tile[i, g]`` (what the SF
-    tensor stores: fp32 sf, E4M3 code or UE8M0 byte) and the multiplier ``sf_inv_tile[i, g]``."""
-    c = T.max(F.f32_from_bits(amax_bits), F.f32_const(rule.clamp))
+    tensor stores: fp32 sf, E4M3 code or UE8M0 byte) and the multiplier ``sf_inv_tile[i, g]``.
+
+    Non-finite amax (see the README's "Non-finite values"): NaN gives sf NaN (canonical fp32,
+    E4M3 code 0x7F) with sf_inv NaN, or with ``round_sf`` sf 0.0 (UE8M0 byte 0) and sf_inv inf;
+    inf gives sf inf (UE8M0 byte 255) and sf_inv 0, or with an E4M3 SF 448 and sf_inv 1/448.
+    """
+    a = T.alloc_var("uint32")
+    a = amax_bits
     if rule.round_sf:
-        exponent = F.ue8m0_ceil(c * F.f32_const(np.float32(1.0) / np.float32(rule.qmax)))
-        sf_inv_tile[i, g] = F.pow2_from_exponent(F.u32(254) - exponent)
+        # The reference's power-of-two ceiling: NaN -> 0 (sf 0.0), inf -> 255 (sf inf).
+        exponent = T.alloc_var("uint32")
+        exponent = F.ue8m0_ceil(clamped_amax(rule, a) * F.f32_const(np.float32(1.0) / np.float32(rule.qmax)))
+        sf_inv_tile[i, g] = F.ue8m0_reciprocal(exponent)
         if rule.stored == "ue8m0":
             sf_tile[i, g] = T.Cast("uint8", exponent)
         else:
             sf_tile[i, g] = F.pow2_from_exponent(exponent)
     elif rule.e4m3_sf:
-        code = F.f32_to_e4m3(c / F.f32_const(rule.qmax))
-        sf_tile[i, g] = code
+        code = T.alloc_var("uint32")
+        code = e4m3_scale_code(rule, a)
+        sf_tile[i, g] = T.Cast("uint8", code)
         sf_inv_tile[i, g] = T.float32(1.0) / F.e4m3_to_f32(code)
     else:
-        sf_tile[i, g] = c / F.f32_const(rule.qmax)
+        c = T.alloc_var("float32")
+        c = clamped_amax(rule, a)
+        sf_tile[i, g] = T.Select(is_nan_bits(a), F.f32_from_bits(F.u32(CANONICAL_NAN)), c / F.f32_const(rule.qmax))
         sf_inv_tile[i, g] = F.f32_const(rule.qmax) / c
 
 
 @T.macro
 def store_scale_value(rule: ScaleRule, amax_bits, sf_tile, sf_inv_tile, i, g):
     """Like ``store_scale``, but ``sf_tile[i, g]`` always gets the sf as an fp32 value (an E4M3
-    sf decoded), for kernels that dequantize with it instead of storing it."""
+    sf decoded: NaN for code 0x7F), for kernels that dequantize with it instead of storing it."""
     if rule.e4m3_sf:
-        c = T.max(F.f32_from_bits(amax_bits), F.f32_const(rule.clamp))
-        sf_tile[i, g] = F.e4m3_to_f32(F.f32_to_e4m3(c / F.f32_const(rule.qmax)))
+        sf_tile[i, g] = F.e4m3_to_f32(e4m3_scale_code(rule, amax_bits))
         sf_inv_tile[i, g] = T.float32(1.0) / sf_tile[i, g]
     else:
         store_scale(replace(rule, stored="fp32"), amax_bits, sf_tile, sf_inv_tile, i, g)
@@ -99,13 +145,21 @@ def decode_element(in_fmt: str, tile, i, j):
 
 
 def encode(fmt: str, y):
-    """RNE code of ``y`` in ``fmt`` (E4M3 as uint8, E2M1 as a 4-bit uint32)."""
+    """RNE code of ``y`` in ``fmt`` (E4M3 as uint8, E2M1 as a 4-bit uint32). A NaN ``y`` (its sign
+    is not defined) is encoded as the canonical +NaN: E4M3 0x7F, E2M1 +6 (code 7)."""
+    y = canonical_nan(y)
     return F.f32_to_e4m3(y) if fmt == "e4m3" else F.f32_to_e2m1(y)
 
 
 def decode_code(fmt: str, code):
     """The fp32 value of an ``encode`` result (E4M3 byte or E2M1 4-bit code)."""
     return F.e4m3_to_f32(code) if fmt == "e4m3" else F.e2m1_to_f32(code)
+
+
+def dequantize(fmt: str, code, sf):
+    """``fl32(decode(code) · sf)`` with a NaN product made canonical (0 · inf and NaN · x have no
+    defined sign)."""
+    return canonical_nan(decode_code(fmt, code) * sf)
 
 
 @T.macro

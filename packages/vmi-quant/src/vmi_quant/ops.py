@@ -93,10 +93,9 @@ def _round_trip_run(inputs, options, target, flavor):
 
 
 def _round_trip_reference(inputs, options, flavor):
-    block = (1, options["num_per_channels"])
-    quantized = reference.cast(inputs["x"], options["fmt"], block, round_sf=options["round_sf"],
-                               use_e4m3_sf=options["use_e4m3_sf"], flavor=flavor)
-    return (reference.cast_back(quantized, options["in_dtype"], block, flavor=flavor),)
+    return (reference.cast_and_cast_back(inputs["x"], options["fmt"], options["num_per_channels"],
+                                         round_sf=options["round_sf"], use_e4m3_sf=options["use_e4m3_sf"],
+                                         flavor=flavor),)
 
 
 def _round_trip_source(options, target, flavor):

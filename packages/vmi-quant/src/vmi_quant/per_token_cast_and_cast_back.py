@@ -58,9 +58,8 @@ def _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor) ->
 
 def _reference(call: CastAndCastBackCall, round_sf: bool, use_e4m3_sf: bool) -> None:
     spec, x = call.spec, call.x
-    block = (1, spec.num_per_channels)
-    quantized = reference.cast(x, spec.fmt, block, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf, flavor=call.flavor)
-    x.copy_(reference.cast_back(quantized, spec.in_fmt, block, flavor=call.flavor))
+    x.copy_(reference.cast_and_cast_back(x, spec.fmt, spec.num_per_channels, round_sf=round_sf,
+                                         use_e4m3_sf=use_e4m3_sf, flavor=call.flavor))
 
 
 def run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf=False, use_e4m3_sf=False, target=None,

@@ -28,7 +28,7 @@ from vmi_core.tl import formats as F
 from vmi_core.tl.reduce import segment_reduce
 from vmi_core.tl.shell import SIMT, Shell
 
-from .kernel_common import KERNEL_DTYPE, ScaleRule, decode_code, decode_element, encode, store_scale_value
+from .kernel_common import KERNEL_DTYPE, ScaleRule, decode_element, dequantize, encode, store_scale_value
 
 # A tile covers whole groups (num_per_channels <= 128 divides the hidden size).
 BLOCK_M = 32
@@ -64,7 +64,7 @@ def build_per_token_cast_and_cast_back(spec: CastAndCastBackSpec, target: str):
 
     def round_trip(x, sf_val, sf_inv, i, j):
         code = encode(fmt, decode_element(in_fmt, x, i, j) * sf_inv[i, j // npc])
-        back = decode_code(fmt, code) * sf_val[i, j // npc]
+        back = dequantize(fmt, code, sf_val[i, j // npc])
         return back if in_fmt == "fp32" else F.f32_to_bf16(back)
 
     @T.macro

@@ -184,11 +184,25 @@ def ue8m0_to_f32(exponent):
 
 @T.macro
 def ue8m0_ceil(t):
-    """Biased exponent of the power-of-two ceiling of a positive normal fp32 ``t``."""
-    return ((T.reinterpret(t, "uint32") - u32(1)) >> u32(23)) + u32(1)
+    """Biased exponent (0..255, as uint32) of the power-of-two ceiling of a non-negative fp32 ``t``:
+    ``(bits(t) + 0x7FFFFF) & 0x7F800000``, the reference's rounding. Subnormal ``t`` gives 1,
+    ``t > 2^127`` and inf give 255 (inf), 0 gives 0 and every NaN gives 0 (0.0)."""
+    return ((T.reinterpret(t, "uint32") + u32(0x7FFFFF)) & u32(_F32_INF)) >> u32(23)
 
 
 @T.macro
 def pow2_from_exponent(exponent):
-    """``2^(e-127)`` as fp32 from a biased exponent (uint32)."""
+    """``2^(e-127)`` as fp32 from a biased exponent (uint32); like UE8M0, 0 gives 0.0 and 255 inf."""
     return T.reinterpret(exponent << u32(23), "float32")
+
+
+@T.macro
+def ue8m0_reciprocal(exponent):
+    """``1 / pow2_from_exponent(e)`` exactly, for a biased exponent 0..255 (uint32): ``2^(127-e)``,
+    so 254 gives the subnormal 2^-127, 255 (inf) gives 0.0 and 0 (0.0) gives inf."""
+    e = T.alloc_var("uint32")
+    e = exponent
+    return T.reinterpret(
+        T.Select(e > u32(253), T.Select(e == u32(254), u32(0x400000), u32(0)),
+                 T.Select(e == u32(0), u32(_F32_INF), (u32(254) - e) << u32(23))),
+        "float32")

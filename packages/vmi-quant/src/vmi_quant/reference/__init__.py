@@ -1,7 +1,7 @@
 """PyTorch reference (oracle) of the quantization ops."""
 
 from vmi_quant.reference import elementwise
-from vmi_quant.reference.cast import cast, cast_back
+from vmi_quant.reference.cast import cast, cast_and_cast_back, cast_back
 from vmi_quant.reference.lossless import per_block_cast_lossless
 
-__all__ = ["cast", "cast_back", "elementwise", "per_block_cast_lossless"]
+__all__ = ["cast", "cast_and_cast_back", "cast_back", "elementwise", "per_block_cast_lossless"]

@@ -99,10 +99,20 @@ def _decode_quant_tensor(x: tuple, block_size, flavor: Flavor) -> tuple[torch.Te
     return values, _expand(_decode_sf(sf, shape, block_size, flavor), block_size, shape)
 
 
+def canonical_nan(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (fp32 or bf16) with every NaN replaced by the canonical quiet NaN (+0x7FC00000 /
+    +0x7FC0). IEEE 754 leaves the sign and payload of a NaN result open (torch's amax returns
+    0xFFFFFFFF, x86 makes 0 · inf negative, CUDA returns 0x7FFFFFFF), so every NaN an op writes
+    is made canonical, in the kernels too."""
+    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)
+
+
 def _scale(c: torch.Tensor, fmt: str, round_sf: bool, use_e4m3_sf: bool):
     """Per-block (stored SF, quantization multiplier) from the clamped amax ``c`` (§1.6).
 
-    The stored SF is fp32, or E4M3 codes (uint8) with ``use_e4m3_sf``.
+    The stored SF is fp32, or E4M3 codes (uint8) with ``use_e4m3_sf``. A NaN ``c`` gives a NaN SF
+    (canonical fp32, E4M3 code 0x7F), or 0.0 with ``round_sf`` (the ceiling's bit formula maps
+    every NaN to 0); an inf ``c`` gives inf (E4M3: 448).
     """
     q = torch.full_like(c, _Q[fmt])
     # A full tensor of Q keeps both divisions true IEEE divisions (no reciprocal-multiply).
@@ -110,10 +120,11 @@ def _scale(c: torch.Tensor, fmt: str, round_sf: bool, use_e4m3_sf: bool):
     if round_sf:
         sf = f32_from_bits((f32_bits(d) + 0x7FFFFF) & 0x7F800000)
         return sf, torch.ones_like(sf) / sf
+    nan = torch.isnan(c)
     if use_e4m3_sf:
-        codes = e4m3_encode(d)
+        codes = torch.where(nan, 0x7F, e4m3_encode(d)).to(torch.uint8)
         return codes, torch.ones_like(d) / e4m3_decode(codes)
-    return d, q / c
+    return canonical_nan(d), q / c
 
 
 def _col_major(grid: torch.Tensor, align: int) -> torch.Tensor:
@@ -210,6 +221,8 @@ def cast(x, fmt: str, block_size, sf: torch.Tensor | None = None, x_block_size=N
     if stochastic:
         counters = torch.arange(w // 4, dtype=torch.int64, device=y.device).expand(h, w // 4)
         y = stochastic_round(y, fmt, random16(y, counters))
+    # A NaN product has no defined sign: encode it as +NaN (E4M3 0x7F, E2M1 +6).
+    y = canonical_nan(y)
     if fmt == "e4m3":
         data = _canonical(e4m3_encode(y).view(torch.float8_e4m3fn))
     else:
@@ -231,3 +244,16 @@ def cast_back(x: tuple, fmt: str, block_size, flavor: str | Flavor = "ascend") -
     if fmt == "fp32":
         return _canonical(out)
     return _canonical(bf16_encode(out).view(torch.bfloat16))
+
+
+def cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False,
+                       use_e4m3_sf: bool = False, flavor: str | Flavor = "ascend") -> torch.Tensor:
+    """The quantize-dequantize round trip of ``per_token_cast_and_cast_back`` (returned, not in place):
+    ``cast`` to ``fmt`` in groups ``(1, num_per_channels)``, then ``cast_back`` to x's dtype, with
+    every NaN of the result made canonical."""
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"x must be float32 or bfloat16, got {x.dtype}")
+    block = (1, num_per_channels)
+    quantized = cast(x, fmt, block, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf, flavor=flavor)
+    out_fmt = "fp32" if x.dtype == torch.float32 else "bf16"
+    return canonical_nan(cast_back(quantized, out_fmt, block, flavor=flavor))
