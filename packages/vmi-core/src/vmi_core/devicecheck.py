@@ -189,6 +189,23 @@ def _run_plan(name: str, index: int) -> list[dict]:
     return _worker["sweep"].plan(op, label, candidates, case_shapes(op, quick))
 
 
+def _bench_op(name: str, shapes: list, repeat: int, copy_gbs: float, deadline: float) -> tuple[list, list]:
+    """Every bench shape of one op, in a worker of its own (a kernel fault stays in that process)."""
+    op, sweep = _worker["ops"][name], _worker["sweep"]
+    results, errors = [], []
+    for shape in shapes:
+        if time.monotonic() > deadline:
+            errors.append(f"{_fmt_shape(shape)}: skipped, time budget spent")
+            continue
+        try:
+            results.append(bench(op, shape, sweep, repeat, copy_gbs))
+        except Exception as error:  # noqa: BLE001 (record it, go on)
+            errors.append(f"{_fmt_shape(shape)}: {last_line(error)}")
+            if sweep.device == "cuda":
+                break  # the context is poisoned: later shapes would only repeat the fault
+    return results, errors
+
+
 def _error(error: BaseException) -> dict:
     return {"status": "error", "detail": last_line(error), "traceback": traceback.format_exc()[-4000:]}
 
@@ -419,10 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     work = [item for row in itertools.zip_longest(*per_op) for item in row if item]
     cases = sum(len(case_shapes(ops[name], args.quick)) for name, _, _ in work)
     log(f"correctness: {len(ops)} ops, {len(work)} option sets, {cases} cases, {args.jobs} worker processes")
-    # Spawned, not forked: the parent has initialised CUDA.
+    # Spawned, not forked: the parent has initialised CUDA. A fresh process per option set: a
+    # kernel fault poisons its process's CUDA context, which must not fail the sets after it.
     init = (args.target, args.quick, sweep.deadline, _t0, max(1, torch.get_num_threads() // args.jobs))
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=init) as pool:
+                             initializer=_init_worker, initargs=init, max_tasks_per_child=1) as pool:
         futures = [(name, label, pool.submit(_run_plan, name, index)) for name, index, label in work]
         for name, label, future in futures:
             try:
@@ -433,25 +451,25 @@ def main(argv: list[str] | None = None) -> int:
 
     log("benchmark: default options at each bench shape")
     copy_gbs = report["copy_bandwidth"]["gbs"]
-    for name, op in sorted(ops.items()):
-        result = report["ops"][name]
-        result["bench"], result["bench_errors"] = [], []
-        for shape in op.bench_shapes[:1] if args.quick else op.bench_shapes:
-            if time.monotonic() > _t0 + args.budget:
-                result["bench_errors"].append(f"{_fmt_shape(shape)}: skipped, time budget spent")
-                continue
+    # One op at a time (timings see an idle device), each in a fresh process.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+                             initargs=(*init[:-1], torch.get_num_threads()), max_tasks_per_child=1) as pool:
+        for name, op in sorted(ops.items()):
+            result = report["ops"][name]
+            shapes = list(op.bench_shapes[:1] if args.quick else op.bench_shapes)
             try:
-                b = bench(op, shape, sweep, args.repeat, copy_gbs)
-            except Exception as error:  # noqa: BLE001
-                result["bench_errors"].append(f"{_fmt_shape(shape)}: {last_line(error)}")
-                log(f"{name:<30} bench {_fmt_shape(shape)}: ERROR {last_line(error)}")
-                continue
-            result["bench"].append(b)
-            kernel = f"kernel {b['kernel_us']:.1f} us, " if b["kernel_us"] is not None else ""
-            log(f"{name:<30} bench {_fmt_shape(shape)}: call {b['call_us']:.1f} us, {kernel}{b['gbs']:.1f} GB/s "
-                f"({b['copy_fraction']:.0%} of copy), reference {b['reference_ms']:.1f} ms"
-                + ("" if b["matches"] else "  MISMATCH"))
-        write(report, args.out)
+                result["bench"], result["bench_errors"] = pool.submit(
+                    _bench_op, name, shapes, args.repeat, copy_gbs, _t0 + args.budget).result()
+            except Exception as error:  # noqa: BLE001 (a worker that died)
+                result["bench"], result["bench_errors"] = [], [f"worker died: {last_line(error)}"]
+            for b in result["bench"]:
+                kernel = f"kernel {b['kernel_us']:.1f} us, " if b["kernel_us"] is not None else ""
+                log(f"{name:<30} bench {_fmt_shape(b['shape'])}: call {b['call_us']:.1f} us, {kernel}"
+                    f"{b['gbs']:.1f} GB/s ({b['copy_fraction']:.0%} of copy), reference {b['reference_ms']:.1f} ms"
+                    + ("" if b["matches"] else "  MISMATCH"))
+            for line in result["bench_errors"]:
+                log(f"{name:<30} bench {line}")
+            write(report, args.out)
 
     report["complete"] = True
     write(report, args.out)
