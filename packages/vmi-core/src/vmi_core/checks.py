@@ -5,7 +5,8 @@ dtype) or ``ValueError`` (wrong shape, stride, device, size, value or overlap) n
 the argument. Kernels take sizes and strides as int32, so a tensor a kernel reads or
 writes must be addressable in int32 from its first element (``check_kernel_extent``);
 outputs must not share memory with each other or with inputs (``check_disjoint``)
-except where an op documents that it works in place.
+except where an op documents that it works in place; an op that rewrites a tensor in
+place behaves like torch's own in-place ops (``check_in_place``, ``mark_written``).
 """
 
 from __future__ import annotations
@@ -169,3 +170,21 @@ def check_disjoint(outputs: Mapping[str, torch.Tensor | None], inputs: Mapping[s
             if tensors_overlap(out, t):
                 raise ValueError(f"{name} shares memory with {other}; outputs must not overlap each other "
                                  f"or the inputs")
+
+
+def check_in_place(t: torch.Tensor, name: str, op: str) -> torch.Tensor:
+    """``op`` rewrites ``t`` in place and defines no derivative: with grad mode on, a tensor that
+    requires grad is refused (a leaf with torch's own message), so autograd never sees stale values."""
+    if torch.is_grad_enabled() and t.requires_grad:
+        if t.is_leaf:
+            raise RuntimeError(f"{op}: a leaf Variable that requires grad is being used in an in-place operation "
+                               f"({name})")
+        raise RuntimeError(f"{op} rewrites {name} in place and has no derivative; call it under torch.no_grad() "
+                           f"or on a tensor that does not require grad")
+    return t
+
+
+def mark_written(t: torch.Tensor) -> None:
+    """Bump ``t``'s version counter after a kernel wrote it in place, as torch's in-place ops do, so a
+    backward that saved ``t`` raises instead of silently using the new values."""
+    torch.autograd.graph.increment_version(t)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.checks import check_in_place, check_kernel_extent, check_no_internal_overlap, mark_written
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
 from . import per_token_cast_and_cast_back_parallel as parallel
@@ -41,6 +42,9 @@ def _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor) ->
     check_matrix(x, "x")
     if x.dtype not in PLAIN_DTYPES:
         raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    check_no_internal_overlap(x, "x")
+    check_kernel_extent(x, "x")
+    check_in_place(x, "x", "per_token_cast_and_cast_back")
     target = resolve_target(x, target)
     flavor = resolve_flavor(target, flavor)
     check_sf_options(round_sf, False, use_e4m3_sf)
@@ -72,6 +76,7 @@ def run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf=False, u
         _reference(call, round_sf, use_e4m3_sf)
         return
     parallel.launch(call, target)
+    mark_written(call.x)
 
 
 def per_token_cast_and_cast_back(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,
@@ -82,5 +87,9 @@ def per_token_cast_and_cast_back(x, fmt: str, num_per_channels: int, round_sf=Fa
     ``K`` a multiple of 64 and of ``num_per_channels`` ∈ {16, 32, 64, 128}. ``fmt``:
     ``"e4m3"`` or ``"e2m1"``. The scale per group is fp32, E4M3 (``use_e4m3_sf``) or a
     power of two (``round_sf``). Returns None.
+
+    Like torch's in-place ops, it bumps ``x``'s version counter (a backward that saved ``x``
+    then raises) and, with grad mode on, refuses an ``x`` that requires grad (it has no
+    derivative): call it under ``torch.no_grad()``.
     """
     run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor)
