@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import INT32_MAX, check_no_internal_overlap, max_offset
 from .targets import Flavor
 
 
@@ -91,8 +92,9 @@ class SFLayout:
             view = torch.as_strided(storage, (rows, cols), (1, max(padded_rows, 1)))
         return view
 
-    def check(self, sf: torch.Tensor, nbm: int, nbk: int, name: str) -> None:
-        """Raise unless ``sf`` can hold an ``nbm x nbk`` grid in this layout."""
+    def check(self, sf: torch.Tensor, nbm: int, nbk: int, name: str, *, writable: bool = False) -> None:
+        """Raise unless ``sf`` can hold an ``nbm x nbk`` grid in this layout (and, ``writable``, receive
+        one: no two blocks share memory); kernels address it with int32 offsets in storage units."""
         if not isinstance(sf, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(sf).__name__}")
         if sf.dtype != self.word_dtype():
@@ -103,6 +105,12 @@ class SFLayout:
         if sf.numel() > 1 and not (sf.stride(1) == 1 or sf.stride(0) == 1):
             raise ValueError(f"{name} must be row-major or column-major (one unit stride), "
                              f"got strides {tuple(sf.stride())}")
+        if writable:
+            check_no_internal_overlap(sf, name)
+        unit = 1 if self.kind == "fp32" else sf.element_size()
+        if max_offset(sf) * unit > INT32_MAX:
+            raise ValueError(f"{name} is too large for the kernels, which address it with 32-bit offsets "
+                             f"(shape {tuple(sf.shape)}, strides {tuple(sf.stride())})")
 
     def kernel_view(self, sf: torch.Tensor) -> tuple[torch.Tensor, int, int]:
         """``(flat storage, stride_m, stride_k)`` for ``sf_address``.

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.checks import INT32_MAX, check_int
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import cast_back_parallel as parallel
@@ -31,8 +32,7 @@ class CastBackCall:
 
 
 def check_num_per_channels(num_per_channels) -> None:
-    if isinstance(num_per_channels, bool) or not isinstance(num_per_channels, int) or num_per_channels < 1:
-        raise ValueError(f"num_per_channels must be a positive int, got {num_per_channels!r}")
+    check_int(num_per_channels, "num_per_channels", 1, INT32_MAX)
 
 
 def _prepare(x, fmt, x_block_size, x_special_fmt, target, flavor):

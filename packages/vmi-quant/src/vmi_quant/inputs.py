@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.checks import INT32_MAX, check_int, check_kernel_extent
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor
 
@@ -58,6 +59,13 @@ def check_matrix(t, name: str) -> None:
         raise ValueError(f"{name} must have unit stride along the hidden dim, got strides {tuple(t.stride())}")
     if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
         raise ValueError(f"{name} rows must not overlap, got strides {tuple(t.stride())}")
+    check_kernel_extent(t, name)
+
+
+def check_num_per_channels(value, name: str = "num_per_channels") -> int:
+    if check_int(value, name) not in NUM_PER_CHANNELS:
+        raise ValueError(f"{name} must be one of {NUM_PER_CHANNELS}, got {value!r}")
+    return value
 
 
 def check_same_device(t: torch.Tensor, name: str, device: torch.device) -> None:
@@ -66,10 +74,10 @@ def check_same_device(t: torch.Tensor, name: str, device: torch.device) -> None:
 
 
 def _check_block(block, name: str) -> tuple[int, int]:
-    if (not isinstance(block, tuple) or len(block) != 2
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+    if not isinstance(block, tuple) or len(block) != 2:
         raise ValueError(f"{name} must be a tuple of two positive ints, got {block!r}")
-    return block
+    # The kernels take block sizes as int32 constants.
+    return tuple(check_int(b, f"{name}[{i}]", 1, INT32_MAX) for i, b in enumerate(block))
 
 
 def sf_layout_of(sf: torch.Tensor, flavor: Flavor, block_k: int, name: str) -> SFLayout:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.checks import check_disjoint
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
@@ -66,6 +67,7 @@ def make_spec(in_fmt: str, fmt: str, block_size: tuple[int, int], mode: str, sf_
 def _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out, sf,
              target, flavor):
     check_fmt(fmt)
+    given_out, given_sf = out, sf
     if isinstance(x, tuple):
         raise TypeError(f"{_NAMES[mode]} needs a plain bf16/fp32 x, not a quantized (data, sf) tuple")
     check_matrix(x, "x")
@@ -99,7 +101,7 @@ def _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, u
         if layout.col_major:
             raise ValueError(f"sf must be row-major, got strides {tuple(sf.stride())}")
     elif sf is not None:
-        layout.check(sf, nbm, nbk, "out_sf")
+        layout.check(sf, nbm, nbk, "out_sf", writable=True)
         check_same_device(sf, "out_sf", device)
     else:
         sf = layout.allocate(nbm, nbk, flavor, device)
@@ -110,6 +112,8 @@ def _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, u
         else:
             check_out_data(out, fmt, num_tokens, hidden, device)
 
+    check_disjoint({"out data": given_out, "out_sf": None if mode == "cast_only" else given_sf},
+                   {"x": x, "sf": sf if mode == "cast_only" else None})
     spec = make_spec(PLAIN_DTYPES[x.dtype], fmt, (bm, bk), mode, layout, round_sf)
     return target, PerBlockCastCall(spec, x, flavor, out, sf)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.checks import check_disjoint
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
@@ -18,11 +19,11 @@ from . import per_token_cast_parallel as parallel
 from . import reference
 from .config import get_amax_clamp_for_quant
 from .inputs import (
-    NUM_PER_CHANNELS,
     OUT_DTYPES,
     CastInput,
     check_fmt,
     check_matrix,
+    check_num_per_channels,
     check_out_data,
     check_same_device,
     check_sf_options,
@@ -47,6 +48,7 @@ class PerTokenCastCall:
 def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
              use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor):
     check_fmt(fmt)
+    given_out, given_sf = out, sf
     if mode != "cast" and isinstance(x, tuple):
         name = "per_token_cast_with_sf_only" if mode == "sf_only" else "per_token_cast_with_precomputed_sf"
         raise ValueError(f"{name} needs a plain bf16/fp32 x, not a quantized (data, sf) tuple")
@@ -62,8 +64,7 @@ def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
         raise TypeError("use_tma_aligned_col_major_sf must be a bool")
     if not isinstance(stochastic_cast, bool):
         raise TypeError("stochastic_cast must be a bool")
-    if num_per_channels not in NUM_PER_CHANNELS:
-        raise ValueError(f"num_per_channels must be one of {NUM_PER_CHANNELS}, got {num_per_channels!r}")
+    check_num_per_channels(num_per_channels)
     if inp.hidden % 64:
         raise ValueError(f"the hidden size of x must be a multiple of 64, got {inp.hidden}")
 
@@ -83,7 +84,7 @@ def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
                             f"with use_e4m3_sf={use_e4m3_sf}, got {sf.dtype}")
         layout.check(sf, nbm, nbk, "sf")
     elif sf is not None:
-        layout.check(sf, nbm, nbk, "out_sf")
+        layout.check(sf, nbm, nbk, "out_sf", writable=True)
         check_same_device(sf, "out_sf", device)
     else:
         sf = layout.allocate(nbm, nbk, flavor, device)
@@ -94,6 +95,9 @@ def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
         else:
             check_out_data(out, fmt, inp.num_tokens, inp.hidden, device)
 
+    check_disjoint({"out data": given_out, "out_sf": None if mode == "cast_only" else given_sf},
+                   {"x data" if inp.sf is not None else "x": inp.data, "x sf": inp.sf,
+                    "sf": sf if mode == "cast_only" else None})
     quant_input = None
     if inp.sf is not None:
         quant_input = parallel.QuantInput(inp.sf_layout, *inp.block_size, dequant_first=flavor.dequant_before_scale)

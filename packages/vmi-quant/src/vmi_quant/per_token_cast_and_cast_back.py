@@ -17,7 +17,7 @@ from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 from . import per_token_cast_and_cast_back_parallel as parallel
 from . import reference
 from .config import get_amax_clamp_for_quant
-from .inputs import NUM_PER_CHANNELS, PLAIN_DTYPES, check_fmt, check_matrix, check_sf_options
+from .inputs import PLAIN_DTYPES, check_fmt, check_matrix, check_num_per_channels, check_sf_options
 from .kernel_common import ScaleRule
 
 
@@ -48,8 +48,7 @@ def _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor) ->
     target = resolve_target(x, target)
     flavor = resolve_flavor(target, flavor)
     check_sf_options(round_sf, False, use_e4m3_sf)
-    if num_per_channels not in NUM_PER_CHANNELS:
-        raise ValueError(f"num_per_channels must be one of {NUM_PER_CHANNELS}, got {num_per_channels!r}")
+    check_num_per_channels(num_per_channels)
     hidden = x.shape[1]
     if hidden % 64:
         raise ValueError(f"the hidden size of x must be a multiple of 64, got {hidden}")
