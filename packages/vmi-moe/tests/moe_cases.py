@@ -7,18 +7,23 @@
 * "gap" logits (MoE spec §5.8): rows whose K-th and (K+1)-th biased reference keys are
   within 1e-6 are re-drawn, so the selected set does not depend on a last-ulp difference;
 * ``GateCase``: one specialisation of the gate kernel (sizes, flavor, optional inputs) and
-  the helpers that run it and the reference on the same inputs.
+  the helpers that run it and the reference on the same inputs;
+* the targets the kernel tests run on: ``cpu`` and ``ascend-sim`` (the emitted AscendC on
+  vmi-core's model of the vector core), with the token counts that make every simulated
+  core wrap around its double-buffered tiles.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from vmi_core.softplus import sqrt_softplus
 from vmi_core.testing import generator
+from vmi_core.tl.shell import DEFAULT_WORKERS
 from vmi_moe import moe_topk_gate_forward
 from vmi_moe.moe_topk_gate_parallel import GateSpec
 from vmi_moe.reference import moe_topk_gate_forward as reference_gate
@@ -40,6 +45,37 @@ def token_counts(block_m: int) -> list[int]:
     """Token counts for a kernel with ``block_m``-row work tiles: none, one, 33, one past a tile, and
     several tiles with a tail (more than one tile per worker on two workers)."""
     return sorted({0, 1, 33, block_m + 1, max(300, 5 * block_m - 3)})
+
+
+# --- targets ---------------------------------------------------------------------------------
+
+SIM = "ascend-sim"
+TARGETS = ("cpu", SIM)
+# Persistent workers of an ascend launch: the vector cores ascend-sim simulates.
+SIM_CORES = DEFAULT_WORKERS["ascend"]
+
+
+def flavor_targets(*, sim_slow: bool = False) -> list:
+    """``(flavor, target)`` parameters: both flavors on cpu, and ascend-sim with the ascend flavor (its
+    only one); with ``sim_slow`` the ascend-sim one runs in the slow run only (every test process
+    lowers its ascend-sim kernels anew, seconds each)."""
+    sim = pytest.param("ascend", SIM, marks=pytest.mark.slow) if sim_slow else ("ascend", SIM)
+    return [*((flavor, "cpu") for flavor in FLAVORS), sim]
+
+
+def wrapping_counts(block_m: int) -> list[int]:
+    """Token counts with more work tiles than twice the simulated cores, so that the two buffer versions
+    of a core's tiles are reused: 3 tiles on every core (the last tile holding 5 tokens), and 129
+    tiles (core 0 takes a third tile of one token)."""
+    return [(3 * SIM_CORES - 1) * block_m + 5, 2 * SIM_CORES * block_m + 1]
+
+
+def counts_on(target: str, counts: list[int], block_m: int) -> list[int]:
+    """``counts`` on cpu; on ascend-sim the two ``wrapping_counts`` come third and fourth, so that a
+    test cycling ``SIM_SCHEDULES`` by position runs them consumers first and producers first."""
+    if target == "cpu":
+        return list(counts)
+    return [*counts[:2], *wrapping_counts(block_m), *counts[2:]]
 
 
 def largest(t: torch.Tensor) -> float:
@@ -236,7 +272,8 @@ def positional(case: GateCase, ep_rank: int = 0) -> tuple:
 
 def run_kernel(case: GateCase, inp: GateInputs, ep_rank: int = 0, *, out=None, scores: bool | None = None,
                unmapped_input: torch.Tensor | None = None, **call):
-    """``(topk_idx, topk_weights, unmapped, scores)`` of the cpu kernel; ``unmapped``/``scores`` None if not given.
+    """``(topk_idx, topk_weights, unmapped, scores)`` of the kernel (``target=`` in ``call``, cpu unless
+    given); ``unmapped``/``scores`` None if not given.
 
     ``unmapped_topk_idx`` is copied (it is written in place) unless ``unmapped_input`` names
     the tensor to pass.

@@ -1,4 +1,5 @@
-"""The ``vmi`` command covers the four MoE ops: list, run (both flavors), bench and source.
+"""The ``vmi`` command covers the four MoE ops: list, run (both flavors; one op on ascend-sim), bench
+and source.
 
 The ops' checks are also shown to fail on outputs that are off by one ulp or one index,
 so a ``matches the reference`` line means something.
@@ -28,6 +29,14 @@ def test_run_matches_reference(capsys, op: str, flavor: str):
     assert main(["run", op, "--shape", SMALL.get(op, "300x72"), "--flavor", flavor, "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "matches the reference" in out and "speed-up" in out
+
+
+def test_run_on_ascend_sim(capsys):
+    """``vmi run --target ascend-sim``: topk_gate's emitted AscendC on the simulated vector core."""
+    assert main(["run", "topk_gate", "--shape", "300x72", "-o", "num_topk=6", "--target", "ascend-sim",
+                 "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "target=ascend-sim" in out and "matches the reference" in out
 
 
 def test_run_with_options(capsys):

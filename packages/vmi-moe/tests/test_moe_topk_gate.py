@@ -1,4 +1,5 @@
-"""moe_topk_gate_forward on the cpu target (ascend and cuda flavors) against the reference.
+"""moe_topk_gate_forward on the cpu target (ascend and cuda flavors) and on ascend-sim (the ascend
+flavor, its only one) against the reference.
 
 How the kernel is judged (MoE spec §5):
 
@@ -21,6 +22,14 @@ duplicates (and out-of-range experts in tokens that do not use fixed routing), s
 experts S = 1, 2, replica maps with 1..3 replicas and Dup = 1, image and plain biases and
 force-random tokens. Each distinct ``GateCase`` is one cpu compile, so the default run
 uses a covering set of option combinations; the full products are marked slow.
+
+On ascend-sim (the emitted AscendC on vmi-core's model of the vector core) the same
+criteria run by default on the ascend case with every option (S = 2, a 3-replica map),
+with two more token counts of more than two work tiles per simulated core
+(``moe_cases.wrapping_counts``), the pipe schedule cycling over ``SIM_SCHEDULES`` from one
+token count to the next, and on the strided ``unmapped_topk_idx``. Each kernel is lowered
+anew per test process (several seconds for the gate), so the other ascend cases and the
+flavor-parametrised checks run on ascend-sim in the slow run.
 """
 
 import itertools
@@ -31,9 +40,13 @@ from moe_cases import (
     FLAVORS,
     G0,
     SCALE,
+    SIM,
+    TARGETS,
     GateCase,
     assert_scores_accurate,
     assert_token_classes,
+    counts_on,
+    flavor_targets,
     gate_inputs,
     gate_spec,
     positional,
@@ -46,7 +59,7 @@ from moe_cases import (
 )
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
-from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_moe import moe_topk_gate, moe_topk_gate_forward, moe_topk_gate_forward_parallel, normalize_weight
 
 ALL = dict(mask=True, bias=True, image=True, fixed=True, force=True)
@@ -66,7 +79,21 @@ COVERING = [
 # Without the scores output: judged end to end, and against their twin with scores.
 NO_SCORES = [GateCase(256, 8, S=2, dup=3, flavor="ascend", scores=False, **ALL),
              GateCase(72, 6, flavor="cuda", mask=True, bias=True, scores=False)]
+# The ascend case that also runs on ascend-sim by default: all options (work tiles of 32 tokens); the
+# slow run adds the other ascend cases of the covering set (plain; K = 32 with fixed and force-random
+# routing; bias only: tiles of 64).
+SIM_COVERING = [EVERYTHING["ascend"]]
+SIM_COVERING_SLOW = [PLAIN["ascend"], COVERING[7], COVERING[4]]
 EP_RANK = 3
+
+
+def on_targets(cpu_cases: list[GateCase], sim_cases: list[GateCase], sim_slow: list[GateCase] = ()) -> list:
+    """``(case, target)``: ``cpu_cases`` on cpu, ``sim_cases`` on ascend-sim, ``sim_slow`` on ascend-sim in the
+    slow run only."""
+    slow = [pytest.mark.slow]
+    return [*(pytest.param(c, "cpu", id=f"{c.id}-cpu") for c in cpu_cases),
+            *(pytest.param(c, SIM, id=f"{c.id}-{SIM}") for c in sim_cases),
+            *(pytest.param(c, SIM, id=f"{c.id}-{SIM}", marks=slow) for c in sim_slow)]
 
 
 def with_nonfinite_unrouted(inp, seed: int):
@@ -81,9 +108,9 @@ def with_nonfinite_unrouted(inp, seed: int):
     return inp
 
 
-def check_bitwise(case: GateCase, inp, ep_rank: int, what: str):
+def check_bitwise(case: GateCase, inp, ep_rank: int, what: str, target: str = "cpu"):
     """Kernel vs reference fed the kernel's scores; returns the kernel's outputs."""
-    idx, weights, unmapped, sc = run_kernel(case, inp, ep_rank)
+    idx, weights, unmapped, sc = run_kernel(case, inp, ep_rank, target=target)
     ref_idx, ref_w, ref_un, ref_sc = run_reference(case, inp, ep_rank, unbiased_scores=sc)
     assert_bitwise_equal(idx, ref_idx, f"{what} topk_idx")
     assert_bitwise_equal(weights, ref_w, f"{what} topk_weights")
@@ -93,13 +120,15 @@ def check_bitwise(case: GateCase, inp, ep_rank: int, what: str):
     return idx, weights, unmapped, sc
 
 
-@pytest.mark.parametrize("case", COVERING, ids=lambda c: c.id)
-def test_matches_reference(case: GateCase) -> None:
-    for seed, T in enumerate(token_counts(gate_spec(case).block_m)):
+@pytest.mark.parametrize(("case", "target"), on_targets(COVERING, SIM_COVERING, SIM_COVERING_SLOW))
+def test_matches_reference(case: GateCase, target: str) -> None:
+    block_m = gate_spec(case).block_m
+    for seed, T in enumerate(counts_on(target, token_counts(block_m), block_m)):
         what = f"T={T}"
         inp = gate_inputs(case, T, seed, padded=min(T // 3, 10))
         inp = with_nonfinite_unrouted(inp, seed)
-        idx, weights, unmapped, sc = check_bitwise(case, inp, EP_RANK, what)
+        with sim_schedule(SIM_SCHEDULES[seed % len(SIM_SCHEDULES)]):  # ascend-sim launches only
+            idx, weights, unmapped, sc = check_bitwise(case, inp, EP_RANK, what, target)
         assert_scores_accurate(sc, inp, case.flavor)
         assert_token_classes(case, inp, idx, weights, unmapped, sc)
         if case.fixed:
@@ -110,12 +139,13 @@ def test_matches_reference(case: GateCase) -> None:
             assert_bitwise_equal(unmapped[fixed], inp.options["unmapped_topk_idx"][fixed], f"{what} fixed experts")
 
 
-@pytest.mark.parametrize("case", [*EVERYTHING.values(), COVERING[4], COVERING[5], *NO_SCORES], ids=lambda c: c.id)
-def test_gap_data_end_to_end(case: GateCase) -> None:
+@pytest.mark.parametrize(("case", "target"), on_targets([*EVERYTHING.values(), COVERING[4], COVERING[5], *NO_SCORES],
+                                                       [], [EVERYTHING["ascend"]]))
+def test_gap_data_end_to_end(case: GateCase, target: str) -> None:
     """Kernel vs reference, each with its own scores, on data without near-ties at the K-th position."""
     inp = gate_inputs(case, 300, 40, padded=10, ties=False)
     inp = redraw_for_gap(case, inp, 41)
-    idx, weights, unmapped, _ = run_kernel(case, inp, EP_RANK)
+    idx, weights, unmapped, _ = run_kernel(case, inp, EP_RANK, target=target)
     ref_idx, ref_w, ref_un, _ = run_reference(case, inp, EP_RANK)
     order, ref_order = idx.argsort(dim=1, stable=True), ref_idx.argsort(dim=1, stable=True)
     assert_bitwise_equal(idx.gather(1, order), ref_idx.gather(1, ref_order), "sorted topk_idx")
@@ -141,13 +171,13 @@ def test_scores_output_does_not_change_routing(case: GateCase) -> None:
         assert_bitwise_equal(unmapped, unmapped2, "unmapped_topk_idx")
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_tie_rows_follow_the_rule(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets(sim_slow=True))
+def test_tie_rows_follow_the_rule(flavor: str, target: str) -> None:
     """Equal logits give equal keys: the rank order is then fixed by the expert index."""
     case = PLAIN[flavor]
     logits = with_ties(torch.randn(60, case.E, generator=generator(43)), 44, every=1)
     inp = gate_inputs(case, 60, 45, logits=logits)
-    idx, _, _, _ = check_bitwise(case, inp, 0, "ties")
+    idx, _, _, _ = check_bitwise(case, inp, 0, "ties", target)
     expect = tie_expectations(case.E, case.K)
     for t in range(60):
         kind = t % 6
@@ -157,20 +187,20 @@ def test_tie_rows_follow_the_rule(flavor: str) -> None:
         assert idx[t].unique().numel() == case.K, f"row {t}: an expert was taken twice"
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_zero_logits_route_to_the_first_experts(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets(sim_slow=True))
+def test_zero_logits_route_to_the_first_experts(flavor: str, target: str) -> None:
     """Spec §5.8 (d) and §9.2: every score is sqrt(ln 2), keys tie, experts 0..K-1 in order, weights s/K."""
     case = PLAIN[flavor]
     inp = gate_inputs(case, 40, 46, logits=torch.zeros(40, case.E))
-    idx, weights, _, sc = check_bitwise(case, inp, 0, "zero logits")
+    idx, weights, _, sc = check_bitwise(case, inp, 0, "zero logits", target)
     assert_bitwise_equal(idx, torch.arange(case.K).expand(40, case.K).contiguous(), "experts 0..K-1")
     assert bool((sc == G0).all()), "sqrt(softplus(0)) must be fp32(sqrt(ln 2))"
     assert bool((weights == weights[0, 0]).all())
     assert abs(float(weights[0, 0]) - SCALE / case.K) <= 1e-6
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_extreme_logits(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets(sim_slow=True))
+def test_extreme_logits(flavor: str, target: str) -> None:
     """Tails and the cuda threshold: 0 scores far left (ties at 0), x > 20 in cuda, huge finite logits."""
     case = PLAIN[flavor]
     values = torch.tensor([-3.4e38, -300.0, -207.0, -150.0, -100.0, -90.0, -87.0, -0.0, 0.0, 1e-30, 19.99, 20.0,
@@ -179,20 +209,24 @@ def test_extreme_logits(flavor: str) -> None:
     logits = values[torch.randint(len(values), (64, case.E), generator=g)]
     logits[::4] = values[:7][torch.randint(7, (16, case.E), generator=g)]  # rows of (near-)zero scores only
     inp = gate_inputs(case, 64, 48, logits=logits)
-    _, _, _, sc = check_bitwise(case, inp, 0, "extremes")
+    _, _, _, sc = check_bitwise(case, inp, 0, "extremes", target)
     assert_scores_accurate(sc, inp, flavor)
     assert bool((sc[logits <= -3e38] == 0).all())
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_out_preallocated_and_determinism(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets(sim_slow=True))
+def test_out_preallocated_and_determinism(flavor: str, target: str) -> None:
+    """out= and repeated calls (on ascend-sim: three calls under three pipe schedules) give the same bits."""
     case = EVERYTHING[flavor]
     inp = gate_inputs(case, 300, 49, padded=10)
-    idx, weights, unmapped, sc = run_kernel(case, inp, EP_RANK)
+    with sim_schedule("consumers_first"):
+        idx, weights, unmapped, sc = run_kernel(case, inp, EP_RANK, target=target)
     out = (torch.full_like(idx, 12345), torch.full_like(weights, float("nan")))
-    idx2, weights2, unmapped2, sc2 = run_kernel(case, inp, EP_RANK, out=out)
+    with sim_schedule("producers_first"):
+        idx2, weights2, unmapped2, sc2 = run_kernel(case, inp, EP_RANK, out=out, target=target)
     assert idx2 is out[0] and weights2 is out[1], "out= must be filled and returned"
-    idx3, weights3, unmapped3, sc3 = run_kernel(case, inp, EP_RANK)
+    with sim_schedule("random"):
+        idx3, weights3, unmapped3, sc3 = run_kernel(case, inp, EP_RANK, target=target)
     for what, (a, b, c) in {"topk_idx": (idx, idx2, idx3), "topk_weights": (weights, weights2, weights3),
                             "unmapped_topk_idx": (unmapped, unmapped2, unmapped3), "scores": (sc, sc2, sc3)}.items():
         assert_bitwise_equal(b, a, f"{what} with out=")
@@ -224,7 +258,8 @@ def test_rows_split_over_threads(flavor: str, monkeypatch) -> None:
     assert len({tuple(r) for r in idx[inp.forced].tolist()}) > 1
 
 
-def test_unmapped_with_a_row_stride() -> None:
+@pytest.mark.parametrize("target", TARGETS)
+def test_unmapped_with_a_row_stride(target: str) -> None:
     """unmapped_topk_idx may be a column slice of a wider tensor: read and written in place, neighbours kept."""
     case = EVERYTHING["ascend"]
     inp = gate_inputs(case, 100, 51, padded=5)
@@ -233,20 +268,20 @@ def test_unmapped_with_a_row_stride() -> None:
     before = wide.clone()
     view = wide[:, :case.K]
     assert not view.is_contiguous()
-    idx, weights, unmapped, sc = run_kernel(case, inp, EP_RANK, unmapped_input=view)
+    idx, weights, unmapped, sc = run_kernel(case, inp, EP_RANK, unmapped_input=view, target=target)
     _, _, ref_un, _ = run_reference(case, inp, EP_RANK, unbiased_scores=sc)
     assert_bitwise_equal(view, ref_un, "unmapped_topk_idx", check_stride=False)
     assert_bitwise_equal(wide[:, case.K:], before[:, case.K:], "columns beyond K")
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_weights_are_normalize_weight_of_the_selected_scores(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets(sim_slow=True))
+def test_weights_are_normalize_weight_of_the_selected_scores(flavor: str, target: str) -> None:
     """The gate's weights are normalize_weight (same flavor) of the selected scores, times the scale."""
     case = PLAIN[flavor]
     inp = gate_inputs(case, 300, 53)
-    idx, weights, _, sc = run_kernel(case, inp)
+    idx, weights, _, sc = run_kernel(case, inp, target=target)
     selected = sc.gather(1, idx).contiguous()
-    _, normalized = normalize_weight(selected, target="cpu", flavor=flavor)
+    _, normalized = normalize_weight(selected, target=target, flavor=flavor)
     assert_bitwise_equal(weights, normalized * torch.tensor(SCALE), "weights")
 
 

@@ -1,4 +1,5 @@
-"""moe_topk_gate_backward on the cpu target (both flavors) against the float64 reference.
+"""moe_topk_gate_backward on the cpu target (both flavors) and on ascend-sim (the ascend flavor, its
+only one) against the float64 reference.
 
 The inputs come from the cpu forward kernel (``scores=``, ``unmapped_topk_idx=``): biased
 routing, fixed routing with duplicated experts (some rows with one expert in every slot),
@@ -15,6 +16,13 @@ ones, and exact where the gradient must be exactly zero.
 Padded, masked and force-random rows must be +0.0 bit for bit; ``out=``, repeated calls and
 thread splits must not change a bit. The worked examples of spec §9.4 and §9.5 are
 checked against values written down from the formulas.
+
+On ascend-sim (the emitted AscendC on vmi-core's model of the vector core) the same criteria
+run on ``SIM_CASES``, with two more token counts of more than two work tiles per simulated
+core (``sim_sizes``), the pipe schedule cycling over ``SIM_SCHEDULES`` from one size to the
+next, and the padded-row and sequence-row checks run there with the aux term; the inputs
+still come from the cpu forward. Each kernel is lowered anew per test process, so the other
+ascend cases and checks run on ascend-sim in the slow run.
 """
 
 import importlib
@@ -23,9 +31,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from moe_cases import SIM, SIM_CORES, flavor_targets
 
 from vmi_core.cpu_parallel import THREADS_ENV, cpu_threads, row_ranges
-from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_moe import moe_topk_gate_backward, moe_topk_gate_backward_parallel, moe_topk_gate_forward
 from vmi_moe.moe_topk_gate_backward_parallel import GateBackwardSpec
 from vmi_moe.reference import moe_topk_gate_backward as reference_backward
@@ -55,6 +64,9 @@ CASES = [
     Case(256, 8, "ascend", True), Case(384, 8, "cuda", True), Case(384, 8, "ascend", False),
     Case(40, 32, "ascend", True), Case(8, 1, "cuda", True),
 ]
+# The ascend cases that run on ascend-sim by default (work tiles of 64 and 16 rows, with and without the
+# aux term); the slow run adds the others (E = 72 without the aux term, E = 256, K = 32).
+SIM_CASES = [Case(72, 6, "ascend", True), Case(384, 8, "ascend", False)]
 FULL_CASES = [Case(e, k, flavor, aux) for e, k in [(36, 6), (72, 6), (72, 8), (256, 8), (384, 8), (64, 1), (72, 32),
                                                    (384, 32)]
               for flavor in ("ascend", "cuda") for aux in (False, True)]
@@ -71,6 +83,21 @@ def sizes(case: Case) -> list[tuple[int, int]]:
     if case.aux:
         return [(0, 2), (1, 1), (33, 3), (3 * tokens_per_seq, 3), (2 * (bm + 7), 2), (bm + 3, bm + 3)]
     return [(0, 1), (1, 1), (33, 3), (bm + 1, 1), (5 * bm - 3, 1)]
+
+
+def sim_sizes(case: Case) -> list[tuple[int, int]]:
+    """``sizes`` plus two with more work tiles than twice the simulated cores (the two buffer versions
+    of every core's tiles are reused), third and fourth so that cycling ``SIM_SCHEDULES`` runs them
+    consumers first and producers first. With the aux term: five sequences of ``39 bm - 1`` tokens
+    (195 tiles, boundaries inside tiles) and one token per sequence over 129 tiles; without:
+    3 tiles per core with a 5-token tail, and 129 tiles."""
+    bm = spec_of(case).block_m
+    if case.aux:
+        wrapping = [(5 * (39 * bm - 1), 5), (2 * SIM_CORES * bm + 1, 2 * SIM_CORES * bm + 1)]
+    else:
+        wrapping = [((3 * SIM_CORES - 1) * bm + 5, 1), (2 * SIM_CORES * bm + 1, 1)]
+    small = sizes(case)
+    return [*small[:2], *wrapping, *small[2:]]
 
 
 @dataclass
@@ -132,8 +159,8 @@ def gate_data(case: Case, num_tokens: int, num_seqs: int, seed: int) -> GateData
                     in_statistic, torch.randn(num_seqs, E, generator=g), dead)
 
 
-def run(case: Case, data: GateData, **call) -> torch.Tensor:
-    return moe_topk_gate_backward(*data.args(), **data.aux(case), target="cpu", flavor=case.flavor, **call)
+def run(case: Case, data: GateData, target: str = "cpu", **call) -> torch.Tensor:
+    return moe_topk_gate_backward(*data.args(), **data.aux(case), target=target, flavor=case.flavor, **call)
 
 
 def dscore(u: torch.Tensor) -> torch.Tensor:
@@ -204,11 +231,15 @@ def assert_positive_zero_rows(got: torch.Tensor, rows: torch.Tensor, label: str)
     assert bool((bits == 0).all()), f"{label}: rows {rows.nonzero().flatten().tolist()[:8]} are not all +0.0"
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_matches_reference(case: Case) -> None:
-    for seed, (num_tokens, num_seqs) in enumerate(sizes(case)):
+@pytest.mark.parametrize(("case", "target"), [*(pytest.param(c, "cpu", id=f"{c}-cpu") for c in CASES),
+                                               *(pytest.param(c, SIM, id=f"{c}-{SIM}",
+                                                              marks=[] if c in SIM_CASES else [pytest.mark.slow])
+                                                 for c in CASES if c.flavor == "ascend")])
+def test_matches_reference(case: Case, target: str) -> None:
+    for seed, (num_tokens, num_seqs) in enumerate(sizes(case) if target == "cpu" else sim_sizes(case)):
         data = gate_data(case, num_tokens, num_seqs, seed)
-        got = run(case, data)
+        with sim_schedule(SIM_SCHEDULES[seed % len(SIM_SCHEDULES)]):  # ascend-sim launches only
+            got = run(case, data, target)
         label = f"{case} T={num_tokens} Nseq={num_seqs}"
         assert_matches_reference(got, data.args(), data.aux(case), label)
         assert_positive_zero_rows(got, data.dead, label)
@@ -232,22 +263,25 @@ def test_large_token_count(case: Case) -> None:
     assert_positive_zero_rows(got, data.dead, str(case))
 
 
-@pytest.mark.parametrize("aux", [False, True])
-@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
-def test_padded_rows_are_positive_zero_with_negative_h(flavor: str, aux: bool) -> None:
+@pytest.mark.parametrize(("flavor", "target", "aux"),
+                         [*((flavor, "cpu", aux) for flavor in ("ascend", "cuda") for aux in (False, True)),
+                          ("ascend", SIM, True), pytest.param("ascend", SIM, False, marks=pytest.mark.slow)])
+def test_padded_rows_are_positive_zero_with_negative_h(flavor: str, target: str, aux: bool) -> None:
     # A negative h times the zero 1/U of a padded token is -0.0; the row must still come out +0.0.
     case = Case(72, 6, flavor, aux)
     data = gate_data(case, 3 * 37, 3, 11)
     data.h = -(torch.rand(3, 72, generator=generator(12)) + 0.5)
-    got = run(case, data)
+    got = run(case, data, target)
     assert bool(data.dead.sum() >= 3)
     assert_positive_zero_rows(got, data.dead, str(case))
     assert_matches_reference(got, data.args(), data.aux(case), str(case))
 
 
-@pytest.mark.parametrize("num_seqs", [1, 3, 67])
-@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
-def test_each_token_reads_its_own_sequence_row(flavor: str, num_seqs: int) -> None:
+@pytest.mark.parametrize(("flavor", "target", "num_seqs"),
+                         [*((flavor, "cpu", n) for flavor in ("ascend", "cuda") for n in (1, 3, 67)),
+                          ("ascend", SIM, 67),
+                          *(pytest.param("ascend", SIM, n, marks=pytest.mark.slow) for n in (1, 3))])
+def test_each_token_reads_its_own_sequence_row(flavor: str, target: str, num_seqs: int) -> None:
     """h of sequence s is zero but for a large value at its own column ``7s mod E``: for a
     token of that sequence in the statistic and without upstream weight gradients, exactly
     that column is positive and all others negative. Sequences of 67 tokens (boundaries
@@ -260,7 +294,7 @@ def test_each_token_reads_its_own_sequence_row(flavor: str, num_seqs: int) -> No
     data.h = torch.zeros(num_seqs, 72)
     for seq, col in enumerate(columns):
         data.h[seq, col] = 10.0 ** (seq % 5) * (seq + 1)
-    got = run(case, data)
+    got = run(case, data, target)
     assert_matches_reference(got, data.args(), data.aux(case), str(case))
     tokens_per_seq = num_tokens // num_seqs
     for t in data.mask.nonzero().flatten().tolist():
@@ -318,8 +352,8 @@ def dydx(y: float) -> float:
     return -math.expm1(-y * y) / (2.0 * y)
 
 
-@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
-def test_worked_examples(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets(sim_slow=True))
+def test_worked_examples(flavor: str, target: str) -> None:
     """Spec §9.4 and §9.5, padded to 72 experts with zero scores (which change no sum and get y' = 0).
 
     Token 0: route example (experts 1, 2); token 1: fixed routing [1, 1], whose slot terms
@@ -344,7 +378,7 @@ def test_worked_examples(flavor: str) -> None:
     mask = torch.tensor([False, False, True, True])
     args = (scores, idx, weights, grad, SCALE)
     for aux in ({}, {"mask": mask, "grad_scores_sum": h}):
-        got = moe_topk_gate_backward(*args, **aux, target="cpu", flavor=flavor)
+        got = moe_topk_gate_backward(*args, **aux, target=target, flavor=flavor)
         expected = torch.zeros(4, E)
         expected[0, 1], expected[0, 2] = 0.24 * dydx(3.0), -0.36 * dydx(2.0)
         assert expected[0, 1].item() == pytest.approx(0.0399951, abs=1e-7)
@@ -358,7 +392,8 @@ def test_worked_examples(flavor: str) -> None:
         torch.testing.assert_close(got[~zero], expected[~zero], rtol=5e-7, atol=0.0)
 
 
-def test_duplicated_expert_in_every_slot_cancels() -> None:
+@pytest.mark.parametrize("target", ["cpu", pytest.param(SIM, marks=pytest.mark.slow)])
+def test_duplicated_expert_in_every_slot_cancels(target: str) -> None:
     """Fixed routing with one expert in all K slots: every weight is ``s u / (K u)``, a
     constant, so the route gradient is zero up to rounding (and exactly zero elsewhere)."""
     case = Case(72, 6, "ascend", False)
@@ -376,7 +411,7 @@ def test_duplicated_expert_in_every_slot_cancels() -> None:
     assert bool((unmapped == expert).all())
     grad = torch.randn(num_tokens, 6, generator=g)
     data = GateData(scores, unmapped, weights[:, :6].contiguous(), grad, None, None, None)
-    got = run(case, data)
+    got = run(case, data, target)
     others = torch.ones_like(got, dtype=torch.bool).scatter_(1, expert, False)
     assert_bitwise_equal(got[others], torch.zeros(int(others.sum())), "columns of other experts")
     # Without cancellation the column would be y' * sum_j |s g_j| / D, around 0.1 to 1.

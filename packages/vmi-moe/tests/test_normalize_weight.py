@@ -1,4 +1,5 @@
-"""normalize_weight on the cpu target against the reference, bit for bit, in both flavors.
+"""normalize_weight on the cpu target (both flavors) and on ascend-sim (the ascend flavor, its only
+one) against the reference, bit for bit.
 
 Denominators and normalised weights are compared with ``assert_bitwise_equal`` (dtype,
 shape, strides, bits): the sum order is the flavor's (ascend left to right, cuda the
@@ -8,14 +9,19 @@ pattern, quotients against fp64 division rounded once (exact for fp32 operands),
 rows (``D = 1e-20``, weights +0.0), negative weights, signed zeros and quotients that
 overflow. Row counts cover the empty input, one row, both sides of the 128-row work tile,
 several tiles and rows split over cpu threads. One kernel per ``(K, flavor)``.
+
+On ascend-sim (the emitted AscendC on vmi-core's model of the vector core) the same checks
+run (the K = 6 order check in the slow run only), the reference comparison with two more row
+counts, of more than two work tiles per simulated core (``moe_cases.wrapping_counts``), the
+pipe schedule cycling over ``SIM_SCHEDULES`` from one row count to the next.
 """
 
 import pytest
 import torch
-from moe_cases import FLAVORS
+from moe_cases import FLAVORS, counts_on, flavor_targets
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
-from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_moe import normalize_weight, normalize_weight_parallel
 from vmi_moe.normalize_weight_parallel import BLOCK_M
 from vmi_moe.reference import normalize_weight as reference_normalize
@@ -43,8 +49,9 @@ def weights_for(num_rows: int, k: int, seed: int) -> torch.Tensor:
     return w.contiguous()
 
 
-def check_against_reference(w: torch.Tensor, flavor: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    d, n = normalize_weight(w, target="cpu", flavor=flavor)
+def check_against_reference(w: torch.Tensor, flavor: str, what: str,
+                            target: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    d, n = normalize_weight(w, target=target, flavor=flavor)
     ref_d, ref_n = reference_normalize(w, flavor)
     assert_bitwise_equal(d, ref_d, f"{what} denominator")
     assert_bitwise_equal(n, ref_n, f"{what} weights")
@@ -52,11 +59,12 @@ def check_against_reference(w: torch.Tensor, flavor: str, what: str) -> tuple[to
 
 
 @pytest.mark.parametrize("K", TOPKS)
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_matches_reference(flavor: str, K: int) -> None:
-    for seed, T in enumerate(ROWS):
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets())
+def test_matches_reference(flavor: str, target: str, K: int) -> None:
+    for seed, T in enumerate(counts_on(target, ROWS, BLOCK_M)):
         w = weights_for(T, K, seed)
-        d, n = check_against_reference(w, flavor, f"T={T}")
+        with sim_schedule(SIM_SCHEDULES[seed % len(SIM_SCHEDULES)]):  # ascend-sim launches only
+            d, n = check_against_reference(w, flavor, f"T={T}", target)
         if T:
             # Quotients: fp64 division of fp32 operands rounded to fp32 is the correctly rounded quotient.
             assert_bitwise_equal(n, (w.double() / d.double()[:, None]).float(), f"T={T} quotients")
@@ -65,53 +73,56 @@ def test_matches_reference(flavor: str, K: int) -> None:
             assert bool((n[zero].view(torch.int32) == 0).all()), "all-zero rows: +0.0 weights"
 
 
-@pytest.mark.parametrize(("flavor", "bits"), [("ascend", 0x40066666), ("cuda", 0x40066667)])
-def test_summation_order_example(flavor: str, bits: int) -> None:
+SUM_BITS = {"ascend": 0x40066666, "cuda": 0x40066667}
+
+
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets())
+def test_summation_order_example(flavor: str, target: str) -> None:
     """Spec §9.3: [0.1, ..., 0.6] sums to 2.1 left to right and one ulp more in butterfly order."""
     w = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6]])
-    d, _ = check_against_reference(w, flavor, "example")
-    assert int(d.view(torch.int32)[0]) == bits
+    d, _ = check_against_reference(w, flavor, "example", target)
+    assert int(d.view(torch.int32)[0]) == SUM_BITS[flavor]
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_butterfly_order_k6(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets(sim_slow=True))
+def test_butterfly_order_k6(flavor: str, target: str) -> None:
     """K = 6: cuda adds ((w0 + w4) + w2) + ((w1 + w5) + w3), ascend left to right (spec §4.2)."""
     w = weights_for(200, 6, 5)
-    d, _ = normalize_weight(w, target="cpu", flavor=flavor)
+    d, _ = normalize_weight(w, target=target, flavor=flavor)
     c = [w[:, j] for j in range(6)]
     total = (((c[0] + c[4]) + c[2]) + ((c[1] + c[5]) + c[3])) if flavor == "cuda" else \
         ((((c[0] + c[1]) + c[2]) + c[3]) + c[4]) + c[5]
     assert_bitwise_equal(d, total + torch.tensor(1e-20), "denominator")
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_subnormal_quotient_ties(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets())
+def test_subnormal_quotient_ties(flavor: str, target: str) -> None:
     """D = 2 exactly and weights k * 2^-149: the quotients k * 2^-150 are exact ties between subnormals
     for odd k and round to even: 0, 2, 2, 4 (times 2^-149)."""
     tiny = 2.0**-149
     w = torch.tensor([[1.0, 1.0, tiny, 3 * tiny, 5 * tiny, 7 * tiny]])
-    d, n = check_against_reference(w, flavor, "ties")
+    d, n = check_against_reference(w, flavor, "ties", target)
     assert float(d[0]) == 2.0
     assert_bitwise_equal(n, torch.tensor([[0.5, 0.5, 0.0, 2 * tiny, 2 * tiny, 4 * tiny]]), "round to even")
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_negative_weights(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets())
+def test_negative_weights(flavor: str, target: str) -> None:
     g = generator(6)
     w = (torch.rand(300, 8, generator=g) - 0.3) * 4.0
-    d, n = check_against_reference(w, flavor, "negative")
+    d, n = check_against_reference(w, flavor, "negative", target)
     assert_bitwise_equal(n, (w.double() / d.double()[:, None]).float(), "quotients")
 
 
-@pytest.mark.parametrize("flavor", FLAVORS)
-def test_signed_zero_and_overflowing_quotients(flavor: str) -> None:
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets())
+def test_signed_zero_and_overflowing_quotients(flavor: str, target: str) -> None:
     """Quotients -0.0 (w = -0.0; w = +0.0 over a negative D; a negative underflow) and +-inf (a sum that
     cancels) must be the IEEE quotients, as for any other weight."""
     w = torch.tensor([[-0.0, 1.0, 0.0],
                       [0.0, -1.0, 0.0],
                       [-(2.0**-149), 10.0, 0.0],
                       [1e30, -1e30, 1e-10]])
-    d, n = check_against_reference(w, flavor, "edge")
+    d, n = check_against_reference(w, flavor, "edge", target)
     expected = torch.tensor([[-0.0, 1.0, 0.0],
                              [-0.0, 1.0, -0.0],
                              [-0.0, 1.0, 0.0],

@@ -1,4 +1,4 @@
-"""topk_gate on the cpu target against the reference ``stable_topk``, bit for bit.
+"""topk_gate on the cpu and ascend-sim targets against the reference ``stable_topk``, bit for bit.
 
 Indices are compared with ``assert_bitwise_equal`` (dtype int64, shape ``[T, K]``, strides
 ``(K, 1)``). The data mix normal samples with constructed ties (all-equal rows, equal maxima
@@ -9,14 +9,20 @@ threads. The rank order of the tie rows is also checked against indices written 
 the rule (descending, ties to the lower index), and the spec's worked example (§9.1)
 literally. One kernel is compiled per ``(E, K)``; the flavor does not change a bit, which
 is checked too.
+
+On ascend-sim (the emitted AscendC on vmi-core's model of the vector core) the comparison
+runs on every size, with the token counts above plus two with more than two work tiles per
+simulated core (``moe_cases.wrapping_counts``), the pipe schedule cycling over
+``SIM_SCHEDULES`` from one token count to the next; the tie-rule check runs there in the
+slow run.
 """
 
 import pytest
 import torch
-from moe_cases import TIE_KINDS, tie_expectations, token_counts, with_ties
+from moe_cases import SIM, TARGETS, TIE_KINDS, counts_on, tie_expectations, token_counts, with_ties
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
-from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_moe import topk_gate, topk_gate_parallel
 from vmi_moe.reference import stable_topk
 from vmi_moe.topk_gate_parallel import TopkGateSpec
@@ -43,19 +49,28 @@ def scores_for(num_tokens: int, num_experts: int, seed: int) -> torch.Tensor:
     return x.contiguous()
 
 
-@pytest.mark.parametrize(("E", "K"), SIZES, ids=[f"E{e}-K{k}" for e, k in SIZES])
-def test_matches_reference(E: int, K: int) -> None:
-    for seed, T in enumerate(token_counts(TopkGateSpec(E, K).block_m)):
+def on_targets(sizes: list[tuple[int, int]], *, sim_slow: bool = False) -> list:
+    """``(E, K, target)`` for every size on both targets; ``sim_slow``: the ascend-sim ones only in the slow run."""
+    return [pytest.param(e, k, target, id=f"E{e}-K{k}-{target}",
+                         marks=[pytest.mark.slow] if sim_slow and target == SIM else [])
+            for target in TARGETS for e, k in sizes]
+
+
+@pytest.mark.parametrize(("E", "K", "target"), on_targets(SIZES))
+def test_matches_reference(E: int, K: int, target: str) -> None:
+    block_m = TopkGateSpec(E, K).block_m
+    for seed, T in enumerate(counts_on(target, token_counts(block_m), block_m)):
         x = scores_for(T, E, seed)
-        idx = topk_gate(x, K, target="cpu")
+        with sim_schedule(SIM_SCHEDULES[seed % len(SIM_SCHEDULES)]):  # ascend-sim launches only
+            idx = topk_gate(x, K, target=target)
         assert_bitwise_equal(idx, stable_topk(x, K), f"T={T}")
 
 
-@pytest.mark.parametrize(("E", "K"), [(72, 6), (256, 8), (36, 32)], ids=["E72-K6", "E256-K8", "E36-K32"])
-def test_tie_rows_follow_the_rule(E: int, K: int) -> None:
+@pytest.mark.parametrize(("E", "K", "target"), on_targets([(72, 6), (256, 8), (36, 32)], sim_slow=True))
+def test_tie_rows_follow_the_rule(E: int, K: int, target: str) -> None:
     """Tie rows against leading indices written down from the rule, not from the reference."""
     x = with_ties(torch.randn(5 * TIE_KINDS, E, generator=generator(3)), 4, every=1)
-    idx = topk_gate(x, K, target="cpu")
+    idx = topk_gate(x, K, target=target)
     expect = tie_expectations(E, K)
     for t in range(x.shape[0]):
         kind = t % TIE_KINDS
