@@ -93,6 +93,18 @@ constexpr uint32_t BLOCK_BYTES = 32;           // UB side of a burst: whole 32-b
 
 inline uint64_t round_up_block(uint64_t bytes) { return (bytes + BLOCK_BYTES - 1) / BLOCK_BYTES * BLOCK_BYTES; }
 
+// The limits both DMA directions share [D3510]: burst count and length, whole elements, a
+// 32-byte aligned UB side, a UB stride of whole blocks, GM aligned to its elements.
+inline void check_bursts(const char *what, uint32_t n_burst, uint32_t len_burst, uint32_t element_bytes,
+                         int64_t ub_offset, uint32_t ub_stride, uintptr_t gm_address) {
+  if (n_burst < 1 || n_burst > MAX_BURSTS) fail("%s: n_burst outside [1, %u]", what, MAX_BURSTS);
+  if (len_burst < 1 || len_burst > MAX_BURST_BYTES) fail("%s: len_burst outside [1, %u]", what, MAX_BURST_BYTES);
+  if (len_burst % element_bytes) fail("%s: len_burst is not a whole number of %u-byte elements", what, element_bytes);
+  if (ub_offset % BLOCK_BYTES) fail("%s: UB address not 32-byte aligned", what);
+  if (n_burst > 1 && ub_stride % BLOCK_BYTES) fail("%s: UB stride not a multiple of 32 bytes", what);
+  if (gm_address % element_bytes) fail("%s: GM address not aligned to its %u-byte elements", what, element_bytes);
+}
+
 }  // namespace ascend_sim
 
 // GM -> UB on MTE2 [D3510][TL]: burst i copies len_burst bytes from src + i*src_stride to
@@ -110,12 +122,7 @@ inline void asc_copy_gm2ub_align(ascend_sim::ub_ptr<T> dst, ascend_sim::gm_ptr<T
   char what[200];
   snprintf(what, sizeof what, "asc_copy_gm2ub_align(ub+%lld, n_burst=%u, len_burst=%u, src_stride=%llu, dst_stride=%u)",
            (long long)dst.offset, n_burst, len_burst, (unsigned long long)src_stride, dst_stride);
-  if (n_burst < 1 || n_burst > MAX_BURSTS) fail("%s: n_burst outside [1, %u]", what, MAX_BURSTS);
-  if (len_burst < 1 || len_burst > MAX_BURST_BYTES) fail("%s: len_burst outside [1, %u]", what, MAX_BURST_BYTES);
-  if (len_burst % E) fail("%s: len_burst is not a whole number of %u-byte elements", what, E);
-  if (dst.offset % BLOCK_BYTES) fail("%s: UB destination not 32-byte aligned", what);
-  if (n_burst > 1 && dst_stride % BLOCK_BYTES) fail("%s: UB stride not a multiple of 32 bytes", what);
-  if ((uintptr_t)src.address % E) fail("%s: GM source not aligned to its %u-byte elements", what, E);
+  check_bursts(what, n_burst, len_burst, E, dst.offset, dst_stride, (uintptr_t)src.address);
   if (left_pad * E > BLOCK_BYTES || right_pad * E > BLOCK_BYTES) fail("%s: a pad of over 32 bytes", what);
   const uint64_t span = round_up_block((uint64_t)(left_pad + right_pad) * E + len_burst);
   const uint8_t *gm = reinterpret_cast<const uint8_t *>(src.address);
@@ -156,12 +163,7 @@ inline void asc_copy_ub2gm_align(ascend_sim::gm_ptr<T> dst, ascend_sim::ub_ptr<T
   char what[200];
   snprintf(what, sizeof what, "asc_copy_ub2gm_align(ub+%lld, n_burst=%u, len_burst=%u, dst_stride=%llu, src_stride=%u)",
            (long long)src.offset, n_burst, len_burst, (unsigned long long)dst_stride, src_stride);
-  if (n_burst < 1 || n_burst > MAX_BURSTS) fail("%s: n_burst outside [1, %u]", what, MAX_BURSTS);
-  if (len_burst < 1 || len_burst > MAX_BURST_BYTES) fail("%s: len_burst outside [1, %u]", what, MAX_BURST_BYTES);
-  if (len_burst % E) fail("%s: len_burst is not a whole number of %u-byte elements", what, E);
-  if (src.offset % BLOCK_BYTES) fail("%s: UB source not 32-byte aligned", what);
-  if (n_burst > 1 && src_stride % BLOCK_BYTES) fail("%s: UB stride not a multiple of 32 bytes", what);
-  if ((uintptr_t)dst.address % E) fail("%s: GM destination not aligned to its %u-byte elements", what, E);
+  check_bursts(what, n_burst, len_burst, E, src.offset, src_stride, (uintptr_t)dst.address);
   uint8_t *gm = reinterpret_cast<uint8_t *>(dst.address);
   for (uint32_t i = 0; i < n_burst; ++i) {
     check_ub(src.offset + (int64_t)i * src_stride, len_burst, BLOCK_BYTES, what);
