@@ -89,3 +89,13 @@ def test_run_on_ascend_sim():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "target=ascend-sim" in result.stdout and "matches the reference bit for bit" in result.stdout
     assert "ascend-sim" in vmi("list").stdout
+
+
+def test_a_target_with_its_own_flavor_is_checked_against_that_flavor(capsys):
+    """ascend-sim runs the ascend flavor whatever --flavor says; the reference must use it too."""
+    from vmi_core.cli import main
+
+    assert main(["run", "normalize_weight", "--target", "ascend-sim", "--flavor", "cuda", "--shape", "300x8",
+                 "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "target=ascend-sim flavor=ascend" in out and "matches the reference bit for bit" in out

@@ -17,7 +17,7 @@ import time
 import torch
 
 from .registry import OpInfo, discover
-from .targets import FLAVORS, TARGETS, device_of
+from .targets import FLAVORS, TARGETS, device_of, flavor_argument, resolve_flavor
 
 
 class UserError(Exception):
@@ -98,17 +98,19 @@ def cmd_run(ops, args) -> int:
     _check_shape(op, shape)
     target = args.target
     _check_device(target)
+    # ascend, ascend-sim and cuda run their own flavor: the reference must use it too.
+    flavor = resolve_flavor(target, flavor_argument(target, args.flavor)).name
     inputs = op.make_inputs(shape, options, args.seed)
     if device_of(target) != "cpu":
         print(f"note: target {target!r} needs its device; the inputs are moved there")
     start = time.perf_counter()
-    outputs = op.run(inputs, options, target, args.flavor)
+    outputs = op.run(inputs, options, target, flavor)
     first = time.perf_counter() - start
-    _, kernel_s = _timed(lambda: op.run(inputs, options, target, args.flavor), args.repeat)
-    expected, ref_s = _timed(lambda: op.reference(inputs, options, args.flavor), args.repeat)
+    _, kernel_s = _timed(lambda: op.run(inputs, options, target, flavor), args.repeat)
+    expected, ref_s = _timed(lambda: op.reference(inputs, options, flavor), args.repeat)
     mismatches = op.check(outputs, expected)
     shown = ", ".join(f"{k}={v}" for k, v in options.items())
-    print(f"{op.name} shape={'x'.join(map(str, shape))} target={target} flavor={args.flavor} {shown}")
+    print(f"{op.name} shape={'x'.join(map(str, shape))} target={target} flavor={flavor} {shown}")
     print(f"  first call (includes compile or cache load): {first * 1e3:.1f} ms")
     print(f"  kernel {kernel_s * 1e3:.3f} ms, torch reference {ref_s * 1e3:.3f} ms, "
           f"speed-up x{ref_s / kernel_s:.2f}")
