@@ -1,0 +1,226 @@
+"""Property tests (hypothesis): the vmi-moe ops on the cpu target against their references.
+
+Criteria are the existing tests' (nothing looser):
+
+* ``topk_gate`` and ``normalize_weight``: bit for bit against ``stable_topk`` / the reference
+  ``normalize_weight`` (``assert_bitwise_equal``);
+* ``moe_topk_gate_forward``: the kernel's own scores fed to the reference (``unbiased_scores=``),
+  indices, weights, ``unmapped_topk_idx`` and scores bit for bit; the scores within
+  ``moe_cases.assert_scores_accurate``'s ulp bound; the reference-free token classes;
+* ``moe_topk_gate_backward``: the spec's rtol/atol and the element-wise rounding bound of
+  ``test_moe_topk_gate_backward.assert_matches_reference``, +0.0 rows for unrouted tokens.
+
+Drawn: token counts (0, 1, both sides of work tiles), gate options, data with ties and special
+finite values (signed zeros, subnormals, huge magnitudes); mostly finite. A non-finite score
+(``topk_gate``) or logit of a routed token (the gate) must raise ``ValueError`` (README), which is
+asserted when drawn (one example in eight); the backward gets the forward's finite scores only.
+
+Each property runs with the profile's budget over a few kernels in the normal run and under
+``@pytest.mark.slow`` with at least ``SLOW_EXAMPLES`` examples over more specialisations.
+Profiles and replaying failures: ``vmi_core.testing_strategies``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from moe_cases import GateCase, assert_scores_accurate, assert_token_classes, gate_inputs, run_kernel, run_reference
+from moe_cases import with_ties as tie_rows
+from test_moe_topk_gate_backward import CASES as BACKWARD_CASES
+from test_moe_topk_gate_backward import FULL_CASES as BACKWARD_FULL_CASES
+from test_moe_topk_gate_backward import assert_matches_reference, assert_positive_zero_rows, gate_data, run
+
+from vmi_core.testing import assert_bitwise_equal
+from vmi_core.testing_strategies import load_profile, seeds, slow_settings
+from vmi_moe import normalize_weight, topk_gate
+from vmi_moe.reference import normalize_weight as reference_normalize
+from vmi_moe.reference import stable_topk
+
+load_profile()
+
+F32_MAX = 3.4028234663852886e38
+FINITE_SPECIALS = [0.0, -0.0, 2.0**-149, -(2.0**-149), 1.1754942e-38, -F32_MAX, F32_MAX, 1e30, -1e30, 100.0, -100.0]
+NONFINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+def token_counts(edges=(0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129), limit=300):
+    return st.one_of(st.sampled_from(list(edges)), st.integers(0, limit))
+
+
+def sprinkle(data, x: torch.Tensor, specials, most: int = 8) -> torch.Tensor:
+    """``x`` with up to ``most`` drawn values of ``specials`` at drawn positions."""
+    if not x.numel():
+        return x
+    n = data.draw(st.integers(0, most), label="num specials")
+    if n:
+        where = data.draw(st.lists(st.integers(0, x.numel() - 1), min_size=n, max_size=n), label="positions")
+        what = data.draw(st.lists(st.sampled_from(specials), min_size=n, max_size=n), label="specials")
+        x = x.clone()
+        x.view(-1)[torch.tensor(where)] = torch.tensor(what, dtype=x.dtype)
+    return x
+
+
+def one_nonfinite(data, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+    """Drawn rarely: a copy of ``x`` with one NaN/+-inf in one of ``rows`` (None when not drawn or no row)."""
+    candidates = rows.nonzero().reshape(-1)
+    if not len(candidates) or not data.draw(st.integers(0, 7).map(lambda v: v == 0), label="nonfinite"):
+        return None
+    row = int(candidates[data.draw(st.integers(0, len(candidates) - 1), label="bad row")])
+    col = data.draw(st.integers(0, x.shape[1] - 1), label="bad column")
+    bad = x.clone()
+    bad[row, col] = data.draw(st.sampled_from(NONFINITE), label="bad value")
+    return bad
+
+
+# --- topk_gate ---------------------------------------------------------------------------------------------------
+
+TOPK_DEFAULT = [(72, 6), (36, 32)]
+TOPK_ALL = [(256, 8), (384, 6), (72, 6), (36, 1), (36, 32), (32, 6), (64, 6), (96, 6), (16, 6), (108, 6), (128, 6),
+            (144, 6), (384, 8), (500, 32), (33, 32), (1, 1)]
+
+
+def check_topk_gate(data, sizes):
+    E, K = data.draw(st.sampled_from(sizes), label="(E, K)")
+    T = data.draw(token_counts(), label="tokens")
+    seed = data.draw(seeds(), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    scale = data.draw(st.sampled_from([1.0, 1e-30, 1e30, 2.0**-140]), label="scale")
+    x = tie_rows(torch.randn(T, E, generator=g), seed + 1) * scale
+    x = sprinkle(data, x, FINITE_SPECIALS)
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    bad = one_nonfinite(data, x, torch.ones(T, dtype=torch.bool))
+    if bad is not None:
+        with pytest.raises(ValueError, match="scores contains non-finite values"):
+            topk_gate(bad, K, target="cpu", flavor=flavor)
+        return
+    assert_bitwise_equal(topk_gate(x, K, target="cpu", flavor=flavor), stable_topk(x, K), f"E={E} K={K} T={T}")
+
+
+@given(st.data())
+def test_topk_gate(data):
+    check_topk_gate(data, TOPK_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_topk_gate_slow(data):
+    check_topk_gate(data, TOPK_ALL)
+
+
+# --- normalize_weight ----------------------------------------------------------------------------------------------
+
+def check_normalize_weight(data, topks, flavors):
+    K = data.draw(st.sampled_from(topks), label="K")
+    flavor = data.draw(st.sampled_from(flavors), label="flavor")
+    T = data.draw(token_counts(), label="rows")
+    seed = data.draw(seeds(), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(T, K, generator=g)
+    if data.draw(st.booleans(), label="spread"):
+        w = w * torch.exp2(torch.randint(-149, 120, (T, K), generator=g).float())
+    if data.draw(st.booleans(), label="negative"):
+        w = torch.where(torch.rand(T, K, generator=g) < 0.3, -w, w)
+    if T and data.draw(st.booleans(), label="zero rows"):
+        w[:: data.draw(st.integers(1, 5), label="zero row step")] = 0.0
+    w = sprinkle(data, w, FINITE_SPECIALS).contiguous()
+    d, n = normalize_weight(w, target="cpu", flavor=flavor)
+    ref_d, ref_n = reference_normalize(w, flavor)
+    assert_bitwise_equal(d, ref_d, f"K={K} {flavor} T={T} denominator")
+    assert_bitwise_equal(n, ref_n, f"K={K} {flavor} T={T} weights")
+
+
+@given(st.data())
+def test_normalize_weight(data):
+    check_normalize_weight(data, [6, 9], ["ascend", "cuda"])
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_normalize_weight_slow(data):
+    check_normalize_weight(data, [1, 2, 6, 8, 9, 16, 31, 32], ["ascend", "cuda"])
+
+
+# --- moe_topk_gate_forward -------------------------------------------------------------------------------------------
+
+ALL = dict(mask=True, bias=True, image=True, fixed=True, force=True)
+GATE_DEFAULT = [GateCase(256, 8, S=2, dup=3, flavor="ascend", **ALL), GateCase(72, 6, flavor="cuda", mask=True,
+                                                                              bias=True)]
+GATE_ALL = [
+    *GATE_DEFAULT,
+    GateCase(384, 6, S=1, dup=1, flavor="cuda", **ALL),
+    GateCase(72, 6, flavor="ascend"),
+    GateCase(256, 8, flavor="cuda"),
+    GateCase(72, 6, flavor="ascend", mask=True, bias=True),
+    GateCase(36, 6, S=2, flavor="cuda", image=True, unmapped=True),
+    GateCase(72, 1, S=1, dup=3, flavor="cuda", mask=True, force=True),
+    GateCase(36, 32, flavor="ascend", fixed=True, force=True),
+]
+
+
+def check_gate(data, cases):
+    case = data.draw(st.sampled_from(cases), label="case")
+    T = data.draw(token_counts(limit=200), label="tokens")
+    ep_rank = data.draw(st.sampled_from([0, 3, 2**31 - 1]), label="ep_rank")
+    inp = gate_inputs(case, T, data.draw(seeds(), label="seed"), padded=min(T, data.draw(st.integers(0, 3))))
+    inp.logits = sprinkle(data, inp.logits, FINITE_SPECIALS)
+    bad = one_nonfinite(data, inp.logits, inp.routed)
+    if bad is not None:
+        inp.logits = bad
+        with pytest.raises(ValueError, match="logits contains non-finite values"):
+            run_kernel(case, inp, ep_rank)
+        return
+    what = f"{case.id} T={T} ep_rank={ep_rank}"
+    idx, weights, unmapped, sc = run_kernel(case, inp, ep_rank)
+    ref_idx, ref_w, ref_un, ref_sc = run_reference(case, inp, ep_rank, unbiased_scores=sc)
+    assert_bitwise_equal(idx, ref_idx, f"{what} topk_idx")
+    assert_bitwise_equal(weights, ref_w, f"{what} topk_weights")
+    if unmapped is not None:
+        assert_bitwise_equal(unmapped, ref_un, f"{what} unmapped_topk_idx")
+    if sc is not None:
+        assert_bitwise_equal(sc, ref_sc, f"{what} scores (0 for unrouted tokens)")
+        assert_scores_accurate(sc, inp, case.flavor)
+    assert_token_classes(case, inp, idx, weights, unmapped, sc)
+
+
+@given(st.data())
+def test_moe_topk_gate_forward(data):
+    check_gate(data, GATE_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_moe_topk_gate_forward_slow(data):
+    check_gate(data, GATE_ALL)
+
+
+# --- moe_topk_gate_backward ------------------------------------------------------------------------------------------
+
+def check_backward(data, cases):
+    case = data.draw(st.sampled_from(cases), label="case")
+    num_seqs = data.draw(st.integers(1, 4), label="sequences")
+    per_seq = data.draw(st.one_of(st.sampled_from([0, 1, 5, 16, 33]), st.integers(0, 80)), label="tokens per seq")
+    T = num_seqs * per_seq
+    d = gate_data(case, T, num_seqs, data.draw(seeds(), label="seed"))
+    label = f"{case} T={T} Nseq={num_seqs}"
+    # Finite data only: the backward documents no check of non-finite scores (the forward's own scores
+    # are finite), so there is no contract to test for them.
+    got = run(case, d)
+    assert_matches_reference(got, d.args(), d.aux(case), label)
+    assert_positive_zero_rows(got, d.dead, label)
+
+
+@given(st.data())
+def test_moe_topk_gate_backward(data):
+    check_backward(data, [BACKWARD_CASES[0], BACKWARD_CASES[3]])
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_moe_topk_gate_backward_slow(data):
+    check_backward(data, BACKWARD_CASES + BACKWARD_FULL_CASES)
