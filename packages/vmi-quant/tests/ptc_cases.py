@@ -39,6 +39,17 @@ FULL = [
 # (num_tokens, hidden): empty, single token, tails of the 32-token tile, a partial last
 # group (192 with 128 channels per group), a partial 128-column tile, and > 4096 tokens.
 SHAPES = [(0, 128), (1, 64), (37, 192), (70, 320), (4100, 128)]
+# ascend-sim (64 cores, 32 x 128 work tiles, 2 buffer versions): one tile (63 idle cores), 4
+# tiles with token, column and group tails, 9 tiles, and 129 x 2 = 258 tiles (every core runs
+# 4 or 5, so both buffer versions are reused). Runs cycle through the pipe schedules.
+SIM_SHAPES = [(1, 64), (37, 192), (4100, 192), (70, 320)]
+# ascend-sim lowers each case for Ascend (5-10 s of CPU a kernel), so by default it runs a
+# covering subset of the ascend-flavor cases: fp32, power-of-two and packed UE8M0 SF, both
+# layouts, formats and input dtypes, a partial last group (128 channels a group, hidden 192);
+# the sf-only / precomputed-SF test adds 16 channels a group, packed row-major and E4M3 SF.
+# Every other ascend-flavor case runs under slow.
+SIM_COVERING = [COVERING[i] for i in (0, 6, 8)]
+SIM_FULL = [case for case in COVERING + FULL if case[-1] == "ascend" and case not in SIM_COVERING]
 
 
 def sf_options(sf_mode: str, col_major: bool) -> dict:

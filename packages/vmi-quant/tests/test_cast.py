@@ -1,7 +1,10 @@
-"""cast on the cpu target, bit for bit against the torch reference (and torch's own casts).
+"""cast on the cpu and ascend-sim targets, bit for bit against the torch reference (and torch's own casts).
 
 One kernel per format pair (9) and per stochastic-rounding pair (3); the element
-count is a runtime value, so every size below reuses them.
+count is a runtime value, so every size below reuses them. ascend-sim (the AscendC the
+``ascend`` target emits, on vmi-core's model of the vector core) runs every kernel too
+(each lowers in about a second), each size under another pipe schedule; of the same-format
+casts (DMA only) just the E4M3 one by default, the others under ``slow``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,15 @@ from cast_cases import CAST_PAIRS, DTYPES, SR_PAIRS
 
 from vmi_core.formats import f32_from_bits
 from vmi_core.stochastic import random16, stochastic_round
-from vmi_core.testing import assert_bitwise_equal, generator, randn, randn_with_ties, with_extremes
+from vmi_core.testing import (
+    SIM_SCHEDULES,
+    assert_bitwise_equal,
+    generator,
+    randn,
+    randn_with_ties,
+    sim_schedule,
+    with_extremes,
+)
 from vmi_quant.cast import cast
 from vmi_quant.cast_parallel import BLOCK, CastSpec, cast_parallel, quad_base
 from vmi_quant.reference.elementwise import cast as reference_cast
@@ -24,6 +35,9 @@ kernels = importlib.import_module("vmi_quant.cast_parallel")
 # Empty, a 0-d tensor, one element, one quad, a partial tile, a partial tile after 16 full ones, a 3-D
 # shape, and enough elements for the cpu launcher to split the work over threads.
 SIZES = [(0,), (), (1,), (4,), (1000,), (2**16 + 4,), (3, 5, 68), (2**18 + 12,)]
+# ascend-sim (64 cores, 2 buffer versions): also 193 tiles, so every core runs 3 or 4 (the
+# sizes above run 1 tile with 63 idle cores, partial tiles, 17 and 65 tiles).
+SIM_SIZES = [*SIZES, (192 * BLOCK + 12,)]
 
 # fp32 bit patterns every cast must get right: NaNs (quiet, signalling, negative, with
 # payload), infinities, signed zeros, fp32 subnormals, E4M3 saturation and its midpoint
@@ -65,13 +79,22 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view({4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
 
 
+def _check_pair(in_fmt, out_fmt, sizes, stochastic=False, *, seed0=0, target=None, offset=0):
+    """Each size (``seed0 + i``-th inputs) against the reference; ascend-sim cycles the pipe schedules."""
+    for i, shape in enumerate(sizes):
+        x = _inputs(shape, in_fmt, seed0 + i)
+        schedule = SIM_SCHEDULES[(i + offset) % len(SIM_SCHEDULES)]
+        with sim_schedule(schedule):
+            y = cast(x, DTYPES[out_fmt], stochastic, target=target)
+        label = f"{'SR ' if stochastic else ''}{in_fmt}->{out_fmt} {shape} target={target} schedule={schedule}"
+        assert_bitwise_equal(y, reference_cast(x, DTYPES[out_fmt], stochastic), label)
+    return x, y
+
+
 @pytest.mark.parametrize("pair", CAST_PAIRS, ids=lambda p: "-".join(p))
 def test_matches_reference(pair):
     in_fmt, out_fmt = pair
-    for seed, shape in enumerate(SIZES):
-        x = _inputs(shape, in_fmt, seed)
-        y = cast(x, DTYPES[out_fmt])
-        assert_bitwise_equal(y, reference_cast(x, DTYPES[out_fmt]), f"{in_fmt}->{out_fmt} {shape}")
+    x, y = _check_pair(in_fmt, out_fmt, SIZES)
     # The reference itself against torch's casts, NaNs aside (torch gives bf16 NaNs one fixed pattern).
     nan = x.float().isnan()
     assert_bitwise_equal(_bits(y)[~nan], _bits(_torch_cast(x, DTYPES[out_fmt]))[~nan], "vs torch")
@@ -80,11 +103,34 @@ def test_matches_reference(pair):
 
 @pytest.mark.parametrize("pair", SR_PAIRS, ids=lambda p: "-".join(p))
 def test_stochastic_matches_reference(pair):
-    in_fmt, out_fmt = pair
-    for seed, shape in enumerate(s for s in SIZES if torch.Size(s).numel() % 4 == 0):
-        x = _inputs(shape, in_fmt, 100 + seed)
-        y = cast(x, DTYPES[out_fmt], True)
-        assert_bitwise_equal(y, reference_cast(x, DTYPES[out_fmt], True), f"SR {in_fmt}->{out_fmt} {shape}")
+    _check_pair(*pair, [s for s in SIZES if torch.Size(s).numel() % 4 == 0], True, seed0=100)
+
+
+SIM_SLOW_PAIRS = [("fp32", "fp32"), ("bf16", "bf16")]
+SIM_CASES = [(*pair, False) for pair in CAST_PAIRS if pair not in SIM_SLOW_PAIRS] + \
+    [(*pair, True) for pair in SR_PAIRS]
+SIM_FULL_CASES = [(*pair, False) for pair in SIM_SLOW_PAIRS]
+
+
+def _sim_id(case):
+    return "-".join(case[:2]) + ("-sr" if case[2] else "")
+
+
+def _check_on_ascend_sim(in_fmt, out_fmt, stochastic, offset):
+    sizes = [s for s in SIM_SIZES if not stochastic or torch.Size(s).numel() % 4 == 0]
+    _check_pair(in_fmt, out_fmt, sizes, stochastic, seed0=100 if stochastic else 0, target="ascend-sim",
+                offset=offset)
+
+
+@pytest.mark.parametrize("case", SIM_CASES, ids=_sim_id)
+def test_matches_reference_on_ascend_sim(case):
+    _check_on_ascend_sim(*case, SIM_CASES.index(case))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SIM_FULL_CASES, ids=_sim_id)
+def test_matches_reference_on_ascend_sim_full(case):
+    _check_on_ascend_sim(*case, SIM_FULL_CASES.index(case))
 
 
 def _rank(t: torch.Tensor) -> torch.Tensor:

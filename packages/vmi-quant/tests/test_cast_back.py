@@ -1,8 +1,11 @@
-"""cast_back / per_token_cast_back on the cpu target, bit for bit against the torch reference.
+"""cast_back / per_token_cast_back on the cpu and ascend-sim targets, bit for bit against the torch reference.
 
 Each (data format, output format, SF layout, block) is one compiled kernel, so the
 default matrix is the covering set of ``cast_cases``; the full product runs under the
 ``slow`` marker. Inputs come from the reference cast and from the per_token_cast kernel.
+ascend-sim (the AscendC the ``ascend`` target emits, on vmi-core's model of the vector
+core) runs a covering subset of the ascend-flavor cases, each shape under another pipe
+schedule, and all of them under ``slow``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,25 @@ import importlib
 
 import pytest
 import torch
-from cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, case_id, sf_options
+from cast_cases import (
+    CAST_BACK_COVERING,
+    CAST_BACK_FULL,
+    SIM_CAST_BACK_COVERING,
+    SIM_CAST_BACK_FULL,
+    case_id,
+    sf_options,
+)
 
-from vmi_core.testing import assert_bitwise_equal, generator, randn, randn_with_ties, with_extremes, with_zero_groups
+from vmi_core.testing import (
+    SIM_SCHEDULES,
+    assert_bitwise_equal,
+    generator,
+    randn,
+    randn_with_ties,
+    sim_schedule,
+    with_extremes,
+    with_zero_groups,
+)
 from vmi_quant import per_token_cast, reference
 from vmi_quant.cast_back import cast_back, per_token_cast_back
 from vmi_quant.cast_back_parallel import cast_back_parallel, per_token_cast_back_parallel
@@ -23,6 +42,9 @@ kernels = importlib.import_module("vmi_quant.cast_back_parallel")
 # (num_tokens, hidden): empty, one token, tails of the 32-token and 128-channel tiles and of
 # the blocks, and enough tokens for the cpu launcher to split rows over threads.
 SHAPES = [(0, 128), (1, 64), (37, 192), (70, 320), (300, 256)]
+# ascend-sim (64 cores, 32 x 128 work tiles, 2 buffer versions): one tile (63 idle cores), 4
+# tiles with token and column tails, 129 x 2 = 258 tiles (every core runs 4 or 5), 9 tiles.
+SIM_SHAPES = [(1, 64), (37, 192), (4100, 192), (70, 320)]
 
 
 def _values(shape, seed: int, group: int) -> torch.Tensor:
@@ -32,14 +54,17 @@ def _values(shape, seed: int, group: int) -> torch.Tensor:
     return x
 
 
-def _check_case(fmt, block, sf_mode, col_major, out, flavor, shapes=SHAPES):
+def _check_case(fmt, block, sf_mode, col_major, out, flavor, shapes=SHAPES, *, target=None, offset=0):
     options = sf_options(sf_mode, col_major)
     variants = [options, {**options, "round_sf": True}] if sf_mode == "fp32" else [options]
     for seed, (m, k) in enumerate(shapes):
+        schedule = SIM_SCHEDULES[(seed + offset) % len(SIM_SCHEDULES)]
         for opts in variants:
             q = reference.cast(_values((m, k), seed, block[1]), fmt, block, flavor=flavor, **opts)
-            y = cast_back(q, out, block, flavor=flavor)
-            label = f"{fmt} {block} sf={sf_mode} round={opts['round_sf']} col={col_major} ->{out} {flavor} {(m, k)}"
+            with sim_schedule(schedule):
+                y = cast_back(q, out, block, flavor=flavor, target=target)
+            label = (f"{fmt} {block} sf={sf_mode} round={opts['round_sf']} col={col_major} ->{out} {flavor} "
+                     f"{(m, k)} target={target} schedule={schedule}")
             assert_bitwise_equal(y, reference.cast_back(q, out, block, flavor=flavor), label)
 
 
@@ -52,6 +77,17 @@ def test_matches_reference(case):
 @pytest.mark.parametrize("case", CAST_BACK_FULL, ids=case_id)
 def test_matches_reference_full(case):
     _check_case(*case)
+
+
+@pytest.mark.parametrize("case", SIM_CAST_BACK_COVERING, ids=case_id)
+def test_matches_reference_on_ascend_sim(case):
+    _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_CAST_BACK_COVERING.index(case))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SIM_CAST_BACK_FULL, ids=case_id)
+def test_matches_reference_on_ascend_sim_full(case):
+    _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_CAST_BACK_FULL.index(case))
 
 
 PER_TOKEN = [case for case in CAST_BACK_COVERING if case[1][0] == 1]
@@ -99,14 +135,21 @@ def test_arbitrary_bits(case):
     assert_bitwise_equal(y[~both], want[~both], f"{case}")
 
 
-def test_strided_data_rows():
+# ascend-sim: a case of its default subset (FP4 data, SF packed along tokens).
+@pytest.mark.parametrize("target,block,sf_mode,out", [(None, (32, 32), "fp32", "bf16"),
+                                                      ("ascend-sim", (5, 1), "packed", "fp32")],
+                         ids=["default", "ascend-sim"])
+def test_strided_data_rows(target, block, sf_mode, out):
     x = randn((70, 256), 22)
-    data, sf = reference.cast(x, "e2m1", (32, 32))
+    data, sf = reference.cast(x, "e2m1", block, **sf_options(sf_mode, False))
     padded = torch.zeros((70, 256), dtype=torch.int8)
     padded[:, :128] = data
     strided = padded[:, :128]
     assert not strided.is_contiguous()
-    assert_bitwise_equal(cast_back((strided, sf), "bf16", (32, 32)), cast_back((data, sf), "bf16", (32, 32)))
+    with sim_schedule("consumers_first"):
+        y = cast_back((strided, sf), out, block, target=target)
+    assert_bitwise_equal(y, cast_back((data, sf), out, block, target=target), "strided vs contiguous")
+    assert_bitwise_equal(y, reference.cast_back((data, sf), out, block), "vs reference")
 
 
 def test_empty_without_launch(monkeypatch):

@@ -1,17 +1,20 @@
-"""per_block_cast_lossless on the cpu target: bit for bit against the torch reference, and
-lossless: ``cast_back(out, out_block) == cast_back(x, x_block)`` bit for bit.
+"""per_block_cast_lossless on the cpu and ascend-sim targets: bit for bit against the torch
+reference, and lossless: ``cast_back(out, out_block) == cast_back(x, x_block)`` bit for bit.
 
 Each option combination is one compiled kernel (token count, hidden size and strides are
 runtime values); the default matrix is a covering set, a wider sweep runs under ``slow``.
+ascend-sim (the AscendC the ``ascend`` target emits, on vmi-core's model of the vector core)
+runs one ascend-flavor case, each shape under another pipe schedule, and all of them under
+``slow``.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from pbcl_cases import COVERING, FULL, case_id, sf_options
+from pbcl_cases import COVERING, FULL, SIM_COVERING, SIM_FULL, case_id, sf_options
 
-from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_quant import reference
 from vmi_quant.per_block_cast_lossless import per_block_cast_lossless
 from vmi_quant.per_block_cast_lossless_parallel import per_block_cast_lossless_parallel
@@ -19,6 +22,10 @@ from vmi_quant.reference.lossless import per_block_cast_lossless as reference_lo
 
 # (num_tokens, hidden): empty, and 1, 3 or 5 128-column tiles (packed SF rows with unused bytes).
 SHAPES = [(0, 256), (128, 384), (384, 128), (256, 640)]
+# ascend-sim (64 cores, 32- or 128-token x 128-column work tiles, 2 buffer versions); tiles of
+# 32 / 128 tokens: 4 / 1 (most cores idle), 60 / 15, 768 / 192 (every core runs 12 / 3), 12 / 3.
+# Shapes are multiples of 128, so tiles have no tails.
+SIM_SHAPES = [(128, 128), (384, 640), (2048, 1536), (128, 384)]
 
 
 def _fp4_input(shape, seed, x_block, x_mode, flavor):
@@ -32,13 +39,17 @@ def _fp4_input(shape, seed, x_block, x_mode, flavor):
     return reference.cast(x, "e2m1", x_block, flavor=flavor, **sf_options(x_mode))
 
 
-def _check_case(x_block, x_mode, out_block, out_mode, flavor, shapes=SHAPES):
+def _check_case(x_block, x_mode, out_block, out_mode, flavor, shapes=SHAPES, *, target=None, offset=0):
     options = sf_options(out_mode)
     for seed, shape in enumerate(shapes):
         qx = _fp4_input(shape, seed, x_block, x_mode, flavor)
-        data, sf = per_block_cast_lossless(qx, "e4m3", x_block, out_block, flavor=flavor, **options)
+        schedule = SIM_SCHEDULES[(seed + offset) % len(SIM_SCHEDULES)]
+        with sim_schedule(schedule):
+            data, sf = per_block_cast_lossless(qx, "e4m3", x_block, out_block, flavor=flavor, target=target,
+                                               **options)
         ref_data, ref_sf = reference_lossless(qx, "e4m3", x_block, out_block, flavor=flavor, **options)
-        label = f"{case_id((x_block, x_mode, out_block, out_mode, flavor))} shape={shape}"
+        label = (f"{case_id((x_block, x_mode, out_block, out_mode, flavor))} shape={shape} target={target} "
+                 f"schedule={schedule}")
         assert_bitwise_equal(data, ref_data, f"data [{label}]")
         assert_bitwise_equal(sf, ref_sf, f"sf [{label}]")
         assert_bitwise_equal(reference.cast_back((data, sf), "fp32", out_block, flavor=flavor),
@@ -54,6 +65,17 @@ def test_matches_reference_and_is_lossless(case):
 @pytest.mark.parametrize("case", FULL, ids=case_id)
 def test_matches_reference_full(case):
     _check_case(*case)
+
+
+@pytest.mark.parametrize("case", SIM_COVERING, ids=case_id)
+def test_matches_reference_and_is_lossless_on_ascend_sim(case):
+    _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_COVERING.index(case))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SIM_FULL, ids=case_id)
+def test_matches_reference_on_ascend_sim_full(case):
+    _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_FULL.index(case))
 
 
 def _spread_input(binades: int):

@@ -1,19 +1,29 @@
-"""per_token_cast on the cpu target, bit for bit against the torch reference.
+"""per_token_cast on the cpu and ascend-sim targets, bit for bit against the torch reference.
 
 Each option combination is one compiled kernel (token count, hidden size and
 strides are runtime values), so the default matrix is a covering set in which every
 option value meets every other relevant one at least once; the full product runs
-under the ``slow`` marker.
+under the ``slow`` marker. ascend-sim (the AscendC the ``ascend`` target emits, on
+vmi-core's model of the vector core) runs a covering subset of the ascend-flavor cases,
+each shape under another pipe schedule, and all of them under ``slow``.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from ptc_cases import COVERING, DTYPES, FULL, SHAPES, sf_options
+from ptc_cases import COVERING, DTYPES, FULL, SHAPES, SIM_COVERING, SIM_FULL, SIM_SHAPES, sf_options
 
 from vmi_core.formats import e2m1_decode, e2m1_unpack, e4m3_decode
-from vmi_core.testing import assert_bitwise_equal, randn, randn_with_ties, with_extremes, with_zero_groups
+from vmi_core.testing import (
+    SIM_SCHEDULES,
+    assert_bitwise_equal,
+    randn,
+    randn_with_ties,
+    sim_schedule,
+    with_extremes,
+    with_zero_groups,
+)
 from vmi_quant import (
     per_token_cast,
     per_token_cast_parallel,
@@ -37,13 +47,22 @@ def _inputs(shape, dtype, seed, group):
     return x.to(dtype)
 
 
-def _check_case(in_dtype, fmt, npc, sf_mode, col_major, flavor, shapes=SHAPES):
+def _schedule(seed, offset):
+    """The ascend-sim pipe schedule of a case's ``seed``-th shape (``offset``: the case's index)."""
+    return SIM_SCHEDULES[(seed + offset) % len(SIM_SCHEDULES)]
+
+
+def _check_case(in_dtype, fmt, npc, sf_mode, col_major, flavor, shapes=SHAPES, *, target=None, offset=0,
+                stochastic_cast=False):
     options = sf_options(sf_mode, col_major)
     for seed, (m, k) in enumerate(shapes):
         x = _inputs((m, k), DTYPES[in_dtype], seed, npc)
-        data, sf = per_token_cast(x, fmt, npc, flavor=flavor, **options)
-        ref_data, ref_sf = _reference(x, fmt, npc, flavor, **options)
-        label = f"{in_dtype}->{fmt} npc={npc} sf={sf_mode} col={col_major} {flavor} shape={(m, k)}"
+        with sim_schedule(_schedule(seed, offset)):
+            data, sf = per_token_cast(x, fmt, npc, stochastic_cast=stochastic_cast, flavor=flavor, target=target,
+                                      **options)
+        ref_data, ref_sf = _reference(x, fmt, npc, flavor, stochastic_cast=stochastic_cast, **options)
+        label = (f"{in_dtype}->{fmt} npc={npc} sf={sf_mode} col={col_major} sr={stochastic_cast} {flavor} "
+                 f"shape={(m, k)} target={target} schedule={_schedule(seed, offset)}")
         assert_bitwise_equal(data, ref_data, f"data [{label}]")
         assert_bitwise_equal(sf, ref_sf, f"sf [{label}]")
 
@@ -59,25 +78,41 @@ def test_matches_reference_full(case):
     _check_case(*case)
 
 
+@pytest.mark.parametrize("case", SIM_COVERING, ids=lambda c: "-".join(map(str, c)))
+def test_matches_reference_on_ascend_sim(case):
+    _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_COVERING.index(case))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SIM_FULL, ids=lambda c: "-".join(map(str, c)))
+def test_matches_reference_on_ascend_sim_full(case):
+    _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_FULL.index(case))
+
+
 @pytest.mark.slow
 def test_large_shape():
     _check_case("bf16", "e4m3", 32, "fp32", False, "ascend", shapes=[(4096, 7168)])
     _check_case("bf16", "e2m1", 32, "packed", True, "ascend", shapes=[(4096, 7168)])
 
 
-def test_noncontiguous_rows_and_out_tensors():
+@pytest.mark.parametrize("target", [None, "ascend-sim"], ids=["default", "ascend-sim"])
+def test_noncontiguous_rows_and_out_tensors(target):
     base = randn((40, 768), 3, torch.bfloat16)
     x = base[:, :384]
     assert not x.is_contiguous()
-    data, sf = per_token_cast(x, "e4m3", 32)
-    cont_data, cont_sf = per_token_cast(x.contiguous(), "e4m3", 32)
+    data, sf = per_token_cast(x, "e4m3", 32, target=target)
+    cont_data, cont_sf = per_token_cast(x.contiguous(), "e4m3", 32, target=target)
     assert_bitwise_equal(data, cont_data, "data")
     assert_bitwise_equal(sf, cont_sf, "sf")
+    ref_data, ref_sf = _reference(x, "e4m3", 32, "ascend")
+    assert_bitwise_equal(cont_data, ref_data, "data vs reference")
+    assert_bitwise_equal(cont_sf, ref_sf, "sf vs reference")
     # Preallocated outputs, the data with a padded row stride.
     out_base = torch.zeros((40, 512), dtype=torch.float8_e4m3fn)
     out_data = out_base[:, :384]
     out_sf = torch.zeros_like(cont_sf)
-    ret_data, ret_sf = per_token_cast(x, "e4m3", 32, out=(out_data, out_sf))
+    with sim_schedule("consumers_first"):
+        ret_data, ret_sf = per_token_cast(x, "e4m3", 32, out=(out_data, out_sf), target=target)
     assert ret_data.data_ptr() == out_data.data_ptr() and ret_sf.data_ptr() == out_sf.data_ptr()
     assert_bitwise_equal(out_data.contiguous(), cont_data, "out data")
     assert_bitwise_equal(out_sf, cont_sf, "out sf")
@@ -114,16 +149,42 @@ QUANT_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("case", QUANT_INPUTS, ids=lambda c: "-".join(map(str, c)))
-def test_quantized_input(case):
+# ascend-sim: by default the input block with the most input scales per tile (32 x 1, packed
+# along tokens), the other ascend-flavor inputs under slow.
+SIM_QUANT_INPUTS = [QUANT_INPUTS[5]]
+SIM_QUANT_INPUTS_FULL = [case for case in QUANT_INPUTS if case[-1] == "ascend" and case not in SIM_QUANT_INPUTS]
+SIM_QUANT_SHAPES = [(1, 64), (70, 384), (4100, 192), (130, 192)]
+
+
+def _check_quantized_input(case, shapes, target=None):
     in_fmt, x_block, in_sf_mode, in_col, fmt, npc, flavor = case
-    for seed, (m, k) in enumerate([(1, 64), (70, 384), (130, 192)]):
+    offset = QUANT_INPUTS.index(case)
+    for seed, (m, k) in enumerate(shapes):
         x = randn((m, k), seed, torch.bfloat16)
         qx = reference.cast(x, in_fmt, x_block, flavor=flavor, **sf_options(in_sf_mode, in_col))
-        data, sf = per_token_cast(qx, fmt, npc, x_block_size=x_block, flavor=flavor)
+        with sim_schedule(_schedule(seed, offset)):
+            data, sf = per_token_cast(qx, fmt, npc, x_block_size=x_block, flavor=flavor, target=target)
         ref_data, ref_sf = _reference(qx, fmt, npc, flavor, x_block_size=x_block)
-        assert_bitwise_equal(data, ref_data, f"data {case} {(m, k)}")
-        assert_bitwise_equal(sf, ref_sf, f"sf {case} {(m, k)}")
+        label = f"{case} {(m, k)} target={target} schedule={_schedule(seed, offset)}"
+        assert_bitwise_equal(data, ref_data, f"data {label}")
+        assert_bitwise_equal(sf, ref_sf, f"sf {label}")
+
+
+@pytest.mark.parametrize("case", QUANT_INPUTS, ids=lambda c: "-".join(map(str, c)))
+def test_quantized_input(case):
+    _check_quantized_input(case, [(1, 64), (70, 384), (130, 192)])
+
+
+@pytest.mark.parametrize("case", SIM_QUANT_INPUTS, ids=lambda c: "-".join(map(str, c)))
+def test_quantized_input_on_ascend_sim(case):
+    # Input-SF blocks read across tile and token tails, and on cores that run 4 or 5 tiles.
+    _check_quantized_input(case, SIM_QUANT_SHAPES, target="ascend-sim")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SIM_QUANT_INPUTS_FULL, ids=lambda c: "-".join(map(str, c)))
+def test_quantized_input_on_ascend_sim_full(case):
+    _check_quantized_input(case, SIM_QUANT_SHAPES, target="ascend-sim")
 
 
 @pytest.mark.parametrize("in_dtype,fmt,sf_mode", [("bf16", "e4m3", "fp32"), ("fp32", "e2m1", "pow2")])
@@ -136,6 +197,23 @@ def test_sf_only_and_precomputed_sf(in_dtype, fmt, sf_mode):
     assert_bitwise_equal(cast_only, reference.cast(x, fmt, (1, 32), sf=sf), "precomputed-sf data")
     if sf_mode == "pow2":
         assert_bitwise_equal(cast_only, data, "precomputed power-of-two sf reproduces the cast")
+
+
+def test_sf_only_and_precomputed_sf_on_ascend_sim():
+    # sf-only with packed row-major SF (int16 pairs written byte by byte), the cast with a
+    # precomputed E4M3 SF; 16 channels a group. The SF comes from the reference.
+    packed, e4m3_sf = sf_options("packed", False), sf_options("e4m3", False)
+    for seed, (m, k) in enumerate(SIM_SHAPES):
+        x = _inputs((m, k), torch.bfloat16, seed + 60, 16)
+        with sim_schedule(_schedule(seed, 0)):
+            sf = per_token_cast_with_sf_only(x, "e2m1", 16, target="ascend-sim", **packed)
+        label = f"shape={(m, k)} schedule={_schedule(seed, 0)}"
+        assert_bitwise_equal(sf, _reference(x, "e2m1", 16, "ascend", **packed)[1], f"sf-only {label}")
+        ref_sf = _reference(x, "e2m1", 16, "ascend", **e4m3_sf)[1]
+        with sim_schedule(_schedule(seed, 1)):
+            data = per_token_cast_with_precomputed_sf(x, "e2m1", 16, ref_sf, target="ascend-sim", **e4m3_sf)
+        label = f"shape={(m, k)} schedule={_schedule(seed, 1)}"
+        assert_bitwise_equal(data, reference.cast(x, "e2m1", (1, 16), sf=ref_sf), f"precomputed-sf data {label}")
 
 
 def test_precomputed_e4m3_sf():
@@ -157,6 +235,11 @@ def test_amax_clamp_is_part_of_the_kernel():
         assert bool((sf >= 0.99 * 1e6 / 448).all()) and bool((sf > default_sf).all())
     finally:
         reset_runtime_config()
+
+
+def test_stochastic_cast_on_ascend_sim():
+    _check_case("bf16", "e4m3", 32, "fp32", False, "ascend", SIM_SHAPES, target="ascend-sim", offset=1,
+                stochastic_cast=True)
 
 
 def _dequant(data, sf, fmt, npc):

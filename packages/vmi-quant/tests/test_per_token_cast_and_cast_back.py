@@ -1,18 +1,28 @@
-"""per_token_cast_and_cast_back on the cpu target, bit for bit against the torch reference
-(``reference.cast`` then ``reference.cast_back``).
+"""per_token_cast_and_cast_back on the cpu and ascend-sim targets, bit for bit against the
+torch reference (``reference.cast`` then ``reference.cast_back``).
 
 Each option combination is one compiled kernel (token count, hidden size and the row
 stride are runtime values); the default matrix is a covering set, the full product runs
-under the ``slow`` marker.
+under the ``slow`` marker. ascend-sim (the AscendC the ``ascend`` target emits, on
+vmi-core's model of the vector core) runs a covering subset, each shape under another
+pipe schedule, and every case under ``slow``.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from ptccb_cases import COVERING, DTYPES, FULL, SF_MODES, hidden_unit
+from ptccb_cases import COVERING, DTYPES, FULL, SF_MODES, SIM_COVERING, SIM_FULL, hidden_unit
 
-from vmi_core.testing import assert_bitwise_equal, randn, randn_with_ties, with_extremes, with_zero_groups
+from vmi_core.testing import (
+    SIM_SCHEDULES,
+    assert_bitwise_equal,
+    randn,
+    randn_with_ties,
+    sim_schedule,
+    with_extremes,
+    with_zero_groups,
+)
 from vmi_quant import reference
 from vmi_quant.per_token_cast_and_cast_back import per_token_cast_and_cast_back
 from vmi_quant.per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_parallel
@@ -20,6 +30,9 @@ from vmi_quant.per_token_cast_and_cast_back_parallel import per_token_cast_and_c
 # (num_tokens, hidden in units of hidden_unit(npc)): empty, one token, tails of the 32-token
 # tile, partial 128-column tiles (npc <= 64), and enough tokens to split across CPU threads.
 SHAPES = [(0, 2), (1, 1), (37, 3), (70, 5), (300, 2)]
+# ascend-sim (64 cores, 32 x 128 work tiles, 2 buffer versions): one tile (63 idle cores), 4 or
+# 6 tiles with token and column tails, 258 or 387 tiles (every core runs at least 4), 9 or 15.
+SIM_SHAPES = [(1, 1), (37, 3), (4100, 3), (70, 5)]
 
 
 def _reference(x, fmt, npc, round_sf, use_e4m3_sf):
@@ -35,17 +48,22 @@ def _inputs(shape, dtype, seed, group):
     return x.to(dtype)
 
 
-def _check_case(in_dtype, fmt, npc, sf_mode, shapes=SHAPES):
+def _check_case(in_dtype, fmt, npc, sf_mode, shapes=SHAPES, *, target=None, offset=0):
     round_sf, use_e4m3_sf = SF_MODES[sf_mode]
+    # The round trip has no flavor-dependent bits: both flavors must give the reference
+    # (ascend-sim has only its own, ascend).
+    flavors = ("ascend",) if target == "ascend-sim" else ("ascend", "cuda")
     for seed, (m, units) in enumerate(shapes):
         shape = (m, units * hidden_unit(npc))
         x = _inputs(shape, DTYPES[in_dtype], seed, npc)
         expected = _reference(x, fmt, npc, round_sf, use_e4m3_sf)
-        label = f"{in_dtype}->{fmt} npc={npc} sf={sf_mode} shape={shape}"
-        # The round trip has no flavor-dependent bits: both flavors must give the reference.
-        for flavor in ("ascend", "cuda"):
+        schedule = SIM_SCHEDULES[(seed + offset) % len(SIM_SCHEDULES)]
+        label = f"{in_dtype}->{fmt} npc={npc} sf={sf_mode} shape={shape} target={target} schedule={schedule}"
+        for flavor in flavors:
             y = x.clone()
-            assert per_token_cast_and_cast_back(y, fmt, npc, round_sf, use_e4m3_sf, flavor=flavor) is None
+            with sim_schedule(schedule):
+                assert per_token_cast_and_cast_back(y, fmt, npc, round_sf, use_e4m3_sf, target=target,
+                                                    flavor=flavor) is None
             assert_bitwise_equal(y, expected, f"{label} {flavor}")
 
 
@@ -60,13 +78,26 @@ def test_matches_reference_full(case):
     _check_case(*case)
 
 
+@pytest.mark.parametrize("case", SIM_COVERING, ids=lambda c: "-".join(map(str, c)))
+def test_matches_reference_on_ascend_sim(case):
+    _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_COVERING.index(case))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SIM_FULL, ids=lambda c: "-".join(map(str, c)))
+def test_matches_reference_on_ascend_sim_full(case):
+    _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_FULL.index(case))
+
+
 @pytest.mark.slow
 def test_large_shape():
     _check_case("bf16", "e2m1", 32, "pow2", shapes=[(4096, 7168 // 64)])
 
 
-@pytest.mark.parametrize("in_dtype,fmt,npc,sf_mode", [COVERING[0], COVERING[3]])
-def test_noncontiguous_rows_leave_padding_untouched(in_dtype, fmt, npc, sf_mode):
+@pytest.mark.parametrize("target,case", [(None, COVERING[0]), (None, COVERING[3]), ("ascend-sim", COVERING[3])],
+                         ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v or "default")
+def test_noncontiguous_rows_leave_padding_untouched(target, case):
+    in_dtype, fmt, npc, sf_mode = case
     round_sf, use_e4m3_sf = SF_MODES[sf_mode]
     k = 320
     base = _inputs((45, 2 * k), DTYPES[in_dtype], 7, npc)
@@ -74,8 +105,10 @@ def test_noncontiguous_rows_leave_padding_untouched(in_dtype, fmt, npc, sf_mode)
     x = base[:, :k]
     assert not x.is_contiguous()
     expected = x.contiguous()
-    per_token_cast_and_cast_back(expected, fmt, npc, round_sf, use_e4m3_sf)
-    per_token_cast_and_cast_back(x, fmt, npc, round_sf, use_e4m3_sf)
+    per_token_cast_and_cast_back(expected, fmt, npc, round_sf, use_e4m3_sf, target=target)
+    assert_bitwise_equal(expected, _reference(x, fmt, npc, round_sf, use_e4m3_sf), "contiguous rows vs reference")
+    with sim_schedule("producers_first"):
+        per_token_cast_and_cast_back(x, fmt, npc, round_sf, use_e4m3_sf, target=target)
     assert_bitwise_equal(x, expected, "strided rows", check_stride=False)
     assert_bitwise_equal(base[:, k:], original[:, k:], "padding columns")
 
