@@ -38,6 +38,11 @@ from vmi_moe import normalize_weight, topk_gate
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import stable_topk
 
+# Every property test is slow (kernels compile per option combination and the default budget runs
+# minutes on two cores); `nox -s slow` runs them, CI's rotating share of the slow sweeps leaves them out.
+pytestmark = [pytest.mark.slow, pytest.mark.properties]
+
+
 load_profile()
 
 F32_MAX = 3.4028234663852886e38

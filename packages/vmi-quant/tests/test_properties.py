@@ -46,6 +46,11 @@ from vmi_quant import (
 from vmi_quant.reference.elementwise import cast as reference_elementwise_cast
 from vmi_quant.reference.lossless import per_block_cast_lossless as reference_lossless
 
+# Every property test is slow (kernels compile per option combination and the default budget runs
+# minutes on two cores); `nox -s slow` runs them, CI's rotating share of the slow sweeps leaves them out.
+pytestmark = [pytest.mark.slow, pytest.mark.properties]
+
+
 load_profile()
 
 # --- shapes -----------------------------------------------------------------------------------------------------
