@@ -16,6 +16,7 @@ import importlib
 
 import pytest
 import torch
+from ptc_cases import DTYPES, SF_MODES
 
 from vmi_core.formats import e2m1_unpack, e4m3_decode, f32_bits
 from vmi_core.targets import get_flavor
@@ -40,14 +41,6 @@ E4M3_448_BITS = 0x43E00000
 Q_CODE = {"e4m3": 0x7E, "e2m1": 0x7}
 NAN_CODE = {"e4m3": 0x7F, "e2m1": 0x7}
 SIGN_CODE = {"e4m3": 0x80, "e2m1": 0x8}
-SF_MODES = {
-    # name: (round_sf, use_packed_ue8m0, use_e4m3_sf)
-    "fp32": (False, False, False),
-    "e4m3": (False, False, True),
-    "pow2": (True, False, False),
-    "packed": (True, True, False),
-}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 # Bit patterns per input dtype: NaNs (canonical, negative with a payload, signaling, all ones),
 # +inf and the sign bit.
