@@ -38,9 +38,9 @@ from vmi_moe import normalize_weight, topk_gate
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import stable_topk
 
-# Every property test is slow (kernels compile per option combination and the default budget runs
-# minutes on two cores); `nox -s slow` runs them, CI's rotating share of the slow sweeps leaves them out.
-pytestmark = [pytest.mark.slow, pytest.mark.properties]
+# The default-budget tests run in the normal test command; their `slow` twins (>= 1000 examples
+# each) run under `nox -s slow`, and CI's rotating share of the slow sweeps leaves them out.
+pytestmark = [pytest.mark.properties]
 
 
 load_profile()

@@ -46,9 +46,9 @@ from vmi_quant import (
 from vmi_quant.reference.elementwise import cast as reference_elementwise_cast
 from vmi_quant.reference.lossless import per_block_cast_lossless as reference_lossless
 
-# Every property test is slow (kernels compile per option combination and the default budget runs
-# minutes on two cores); `nox -s slow` runs them, CI's rotating share of the slow sweeps leaves them out.
-pytestmark = [pytest.mark.slow, pytest.mark.properties]
+# The default-budget tests run in the normal test command; their `slow` twins (>= 1000 examples
+# each) run under `nox -s slow`, and CI's rotating share of the slow sweeps leaves them out.
+pytestmark = [pytest.mark.properties]
 
 
 load_profile()
