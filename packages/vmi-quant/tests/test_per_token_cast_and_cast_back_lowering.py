@@ -1,7 +1,7 @@
 """per_token_cast_and_cast_back lowers for ascend and cuda.
 
-Ascend: the generated AscendC loads the tile by DMA, runs one SIMT region per work tile
-(the README's "differences by target" entry; no SIMD region) and stores the tile back by
+Ascend: the generated AscendC loads the tile by DMA, runs one SIMD region per work tile
+(real vector instructions, no scalar UB access; no SIMT region) and stores the tile back by
 DMA. CUDA: the source compiles with nvcc for an explicit arch.
 """
 
@@ -22,7 +22,7 @@ def _spec(in_dtype, fmt, npc, sf_mode):
 def _check_ascend(case):
     src = per_token_cast_and_cast_back_source(_spec(*case), "ascend")
     assert "__global__ __vector__ void per_token_cast_and_cast_back_kernel" in src
-    assert_vector_regions(src, simd=0, simt=1)
+    assert_vector_regions(src, simd=1, simt=0)
     # One tile in, the same tile back out, in place.
     assert dma_counts(src) == (1, 1)
     assert "block_idx" in src

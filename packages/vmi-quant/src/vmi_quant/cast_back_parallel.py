@@ -11,11 +11,11 @@ Per tile:
 4. DMA the output tile out.
 
 The scaling block ``(bm, bk)`` is a compile-time value (any bm, bk >= 1); token
-count, hidden size and the data and SF strides are runtime values. The vector region
-is SIMT on Ascend: decoding E4M3/FP4/UE8M0 and rounding to bf16 are integer bit math
-(shifts, masks, selects, bit casts) on 8-bit data, and the SF gather indexes by
-computed addresses, none of which TileLang 0.1.15's SIMD lowering of ``T.Parallel``
-accepts.
+count, hidden size and the data and SF strides are runtime values. On Ascend the SF
+gather (computed addresses) runs in a SIMT region; step 3 runs as explicit vector code
+(a SIMD region, ``vmi_core.tl.vector``) for E4M3 data whose SF columns are power-of-two
+lane groups of the tile (``bk`` a power of two dividing 128, or a multiple of 128), and
+in the SIMT region otherwise (FP4 nibbles, other block widths).
 """
 
 
@@ -29,9 +29,10 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.sf_layout import SFLayout
 from vmi_core.tl import formats as F
-from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.vector import decode
 
-from .kernel_common import KERNEL_DTYPE, decode_element, load_scale
+from .kernel_common import KERNEL_DTYPE, load_scale
 
 IN_FORMATS = ("e4m3", "e2m1")
 OUT_FORMATS = ("fp32", "bf16")
@@ -108,12 +109,23 @@ def build_cast_back(spec: CastBackSpec, target: str):
             s[r, c] = load_scale(layout, SF, T.min(sf_r0 + r, T.ceildiv(M, bm) - 1),
                                  T.min(sf_c0 + c, T.ceildiv(K, bk) - 1), sf_sm, sf_sk)
 
+    # SF column of an element relative to the tile's first block: a group of the tile row when
+    # blocks divide the tile width (or span it), else computed from the absolute column.
+    column_group = bk if BK % bk == 0 else (BK if bk % BK == 0 else None)
+    vector = column_group is not None and column_group & (column_group - 1) == 0 and spec.in_fmt != "e2m1"
+
+    def dequantized(x, s, row0, k0, sf_r0, sf_c0, at):
+        sf_row = _block_offset(row0, sf_r0, at.head[0], BM, bm)
+        if column_group is None:
+            scale = s[sf_row, _block_offset(k0, sf_c0, at.j, BK, bk)]
+        else:
+            scale = at.group(s, column_group, row=sf_row)
+        y = decode(spec.in_fmt, at, x) * scale
+        return y if spec.out_fmt == "fp32" else F.f32_to_bf16(y)
+
     @T.macro
     def dequantize(x, s, o, row0, k0, sf_r0, sf_c0):
-        for i, j in T.Parallel(BM, BK):
-            y = decode_element(spec.in_fmt, x, i, j) * s[_block_offset(row0, sf_r0, i, BM, bm),
-                                                          _block_offset(k0, sf_c0, j, BK, bk)]
-            o[i, j] = y if spec.out_fmt == "fp32" else F.f32_to_bf16(y)
+        sh.elementwise((BM, BK), lambda at: dequantized(x, s, row0, k0, sf_r0, sf_c0, at), o)
 
     @TK.prim_func
     def cast_back_kernel(
@@ -135,21 +147,27 @@ def build_cast_back(spec: CastBackSpec, target: str):
                 sf_r0 = row0 // bm
                 sf_c0 = k0 // bk
                 x = sh.tile((BM, in_cols), KERNEL_DTYPE[spec.in_fmt])
-                s = sh.tile((sf_rows, sf_cols), "float32")
+                s = sh.group_tile(sf_rows, sf_cols, "float32")
                 o = sh.tile((BM, BK), out_dtype)
                 sh.buffer_versions({x: 2, o: 2})
                 sh.copy(X[row0, _phys(spec.in_fmt, k0)], x)
+                # The SF gather at computed addresses in SIMT; the dequantization in SIMD where the
+                # tile's SF columns are lane groups of a power-of-two width.
                 with sh.vector(SIMT):
                     load_scales(SF, s, sf_r0, sf_c0, sf_sm, sf_sk)
-                    dequantize(x, s, o, row0, k0, sf_r0, sf_c0)
+                    if not vector:
+                        dequantize(x, s, o, row0, k0, sf_r0, sf_c0)
+                if vector:
+                    with sh.vector(SIMD):
+                        dequantize(x, s, o, row0, k0, sf_r0, sf_c0)
                 sh.copy(o, OUT[row0, k0])
 
     return cast_back_kernel
 
 
 def _kernel_config(spec: CastBackSpec) -> dict:
-    # The SIMT region reads 8-bit data (and 8-bit SF bytes).
-    return {"simt_8bit": True}
+    # The SIMT region reads 8-bit data (and 8-bit SF bytes); SIMD regions are explicit vector code.
+    return {"simt_8bit": True, "simd_parallel": False}
 
 
 def cast_back_source(spec: CastBackSpec, target: str) -> str:

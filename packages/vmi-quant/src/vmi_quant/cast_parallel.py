@@ -10,9 +10,9 @@ round-robin to persistent workers. Per tile:
 3. DMA the output tile out.
 
 A same-format cast has no vector region: its tiles go from the input DMA straight
-to the output DMA. Every other vector region is SIMT on Ascend: the conversions are
-integer bit math (shifts, masks, compares, selects, bit casts) on 16- and 8-bit
-data, which TileLang 0.1.15's SIMD lowering of ``T.Parallel`` does not accept.
+to the output DMA. On Ascend, a plain cast runs as explicit vector code (a SIMD region,
+``vmi_core.tl.vector``); stochastic rounding, whose hash mixes the four elements of a quad,
+stays SIMT.
 
 The element count is a runtime value (one compiled kernel per format pair); the
 launcher cuts huge tensors into chunks that int32 indexing covers and hands every
@@ -28,7 +28,7 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.tl import formats as F
-from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.stochastic import sr_mix, sr_random16, stochastic_round
 
 from .kernel_common import KERNEL_DTYPE
@@ -93,8 +93,7 @@ def build_cast(spec: CastSpec, target: str):
 
     @T.macro
     def convert(x, o):
-        for j in T.Parallel(BLOCK):
-            o[j] = from_f32(spec.out_fmt, to_f32(spec.in_fmt, x[j]))
+        sh.elementwise((BLOCK,), lambda at: from_f32(spec.out_fmt, to_f32(spec.in_fmt, at.load(x))), o)
 
     @T.macro
     def hash_quads(x, h, quad0):
@@ -128,13 +127,14 @@ def build_cast(spec: CastSpec, target: str):
                     h = sh.tile((BLOCK // 4,), "uint32") if spec.stochastic else None
                     sh.buffer_versions({x: 2, o: 2})
                     sh.copy(X[t0], x)
-                    with sh.vector(SIMT):
-                        if spec.stochastic:
+                    if spec.stochastic:
+                        with sh.vector(SIMT):
                             quad0 = T.alloc_var("uint32")
                             quad0 = T.Cast("uint32", quad_base) + T.Cast("uint32", t * (BLOCK // 4))
                             hash_quads(x, h, quad0)
                             convert_stochastic(x, h, o)
-                        else:
+                    else:
+                        with sh.vector(SIMD):
                             convert(x, o)
                     sh.copy(o, OUT[t0])
 
@@ -151,8 +151,8 @@ def build_cast(spec: CastSpec, target: str):
 
 
 def _kernel_config(spec: CastSpec) -> dict:
-    # SIMT regions access 8-bit E4M3 data element by element.
-    return {"simt_8bit": "e4m3" in (spec.in_fmt, spec.out_fmt)}
+    # SIMT regions access 8-bit E4M3 data element by element; SIMD regions are explicit vector code.
+    return {"simt_8bit": "e4m3" in (spec.in_fmt, spec.out_fmt), "simd_parallel": False}
 
 
 def cast_source(spec: CastSpec, target: str) -> str:

@@ -9,6 +9,7 @@ import tilelang.language as T
 
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
+from vmi_core.tl.simd import cast, keep, maximum, select, widen
 from vmi_core.tl.stochastic import sr_mix, sr_random16, stochastic_round
 
 QMAX = {"e4m3": 448.0, "e2m1": 6.0}
@@ -45,12 +46,10 @@ CANONICAL_NAN = 0x7FC00000
 _F32_INF = 0x7F800000
 
 
-@T.macro
 def canonical_nan(x):
     """``x`` (fp32) with any NaN replaced by the canonical quiet NaN ``+0x7FC00000``."""
-    b = T.alloc_var("uint32")
-    b = F.f32_bits(x)
-    return F.f32_from_bits(T.Select((b & F.u32(0x7FFFFFFF)) > F.u32(_F32_INF), F.u32(CANONICAL_NAN), b))
+    b = keep(F.f32_bits(x))
+    return F.f32_from_bits(select((b & F.u32(0x7FFFFFFF)) > F.u32(_F32_INF), F.u32(CANONICAL_NAN), b))
 
 
 def is_nan_bits(bits):
@@ -58,66 +57,51 @@ def is_nan_bits(bits):
     return bits > F.u32(_F32_INF)
 
 
-@T.macro
 def clamped_amax(rule: ScaleRule, amax_bits):
     """``c = max(amax, clamp)`` from the |x| bit pattern of a block's amax; a NaN amax stays NaN
-    (canonical), as ``torch.maximum`` keeps it (``T.max`` would return the clamp)."""
-    return T.Select(is_nan_bits(amax_bits), F.f32_from_bits(F.u32(CANONICAL_NAN)),
-                    T.max(F.f32_from_bits(amax_bits), F.f32_const(rule.clamp)))
+    (canonical), as ``torch.maximum`` keeps it (a float max would return the clamp)."""
+    return select(is_nan_bits(amax_bits), F.f32_from_bits(F.u32(CANONICAL_NAN)),
+                  maximum(F.f32_from_bits(amax_bits), F.f32_const(rule.clamp)))
 
 
-@T.macro
 def e4m3_scale_code(rule: ScaleRule, amax_bits):
     """The E4M3 sf code (as uint32) of a block: ``e4m3(c / Q)``, saturating (an inf amax gives
     448); a NaN amax gives 0x7F."""
-    return T.Select(is_nan_bits(amax_bits), F.u32(0x7F),
-                    T.Cast("uint32", F.f32_to_e4m3(clamped_amax(rule, amax_bits) / F.f32_const(rule.qmax))))
+    return select(is_nan_bits(amax_bits), F.u32(0x7F),
+                  widen(F.f32_to_e4m3(clamped_amax(rule, amax_bits) / F.f32_const(rule.qmax))))
 
 
-@T.macro
-def store_scale(rule: ScaleRule, amax_bits, sf_tile, sf_inv_tile, i, g):
-    """From the |x| bit pattern of a block's amax, write ``sf_tile[i, g]`` (what the SF
-    tensor stores: fp32 sf, E4M3 code or UE8M0 byte) and the multiplier ``sf_inv_tile[i, g]``.
+def scale_from_amax(rule: ScaleRule, amax_bits):
+    """``(stored, sf_inv)`` of a block from the |x| bit pattern of its amax: what the SF tensor
+    stores (fp32 sf, E4M3 code or UE8M0 byte, by ``rule.stored``) and the multiplier.
 
     Non-finite amax (see the README's "Non-finite values"): NaN gives sf NaN (canonical fp32,
     E4M3 code 0x7F) with sf_inv NaN, or with ``round_sf`` sf 0.0 (UE8M0 byte 0) and sf_inv inf;
     inf gives sf inf (UE8M0 byte 255) and sf_inv 0, or with an E4M3 SF 448 and sf_inv 1/448.
     """
-    a = T.alloc_var("uint32")
-    a = amax_bits
+    a = keep(amax_bits)
     if rule.round_sf:
         # The reference's power-of-two ceiling: NaN -> 0 (sf 0.0), inf -> 255 (sf inf).
-        exponent = T.alloc_var("uint32")
-        exponent = F.ue8m0_ceil(clamped_amax(rule, a) * F.f32_const(np.float32(1.0) / np.float32(rule.qmax)))
-        sf_inv_tile[i, g] = F.ue8m0_reciprocal(exponent)
-        if rule.stored == "ue8m0":
-            sf_tile[i, g] = T.Cast("uint8", exponent)
-        else:
-            sf_tile[i, g] = F.pow2_from_exponent(exponent)
-    elif rule.e4m3_sf:
-        code = T.alloc_var("uint32")
-        code = e4m3_scale_code(rule, a)
-        sf_tile[i, g] = T.Cast("uint8", code)
-        sf_inv_tile[i, g] = T.float32(1.0) / F.e4m3_to_f32(code)
-    else:
-        c = T.alloc_var("float32")
-        c = clamped_amax(rule, a)
-        sf_tile[i, g] = T.Select(is_nan_bits(a), F.f32_from_bits(F.u32(CANONICAL_NAN)), c / F.f32_const(rule.qmax))
-        sf_inv_tile[i, g] = F.f32_const(rule.qmax) / c
-
-
-@T.macro
-def store_scale_value(rule: ScaleRule, amax_bits, sf_tile, sf_inv_tile, i, g):
-    """Like ``store_scale``, but ``sf_tile[i, g]`` always gets the sf as an fp32 value (an E4M3
-    sf decoded: NaN for code 0x7F), for kernels that dequantize with it instead of storing it."""
+        exponent = keep(F.ue8m0_ceil(clamped_amax(rule, a) * F.f32_const(np.float32(1.0) / np.float32(rule.qmax))))
+        stored = cast(exponent, "uint8") if rule.stored == "ue8m0" else F.pow2_from_exponent(exponent)
+        return stored, F.ue8m0_reciprocal(exponent)
     if rule.e4m3_sf:
-        sf_tile[i, g] = F.e4m3_to_f32(e4m3_scale_code(rule, amax_bits))
-        sf_inv_tile[i, g] = T.float32(1.0) / sf_tile[i, g]
-    else:
-        store_scale(replace(rule, stored="fp32"), amax_bits, sf_tile, sf_inv_tile, i, g)
+        code = keep(e4m3_scale_code(rule, a))
+        return cast(code, "uint8"), 1.0 / F.e4m3_to_f32(code)
+    c = keep(clamped_amax(rule, a))
+    return (select(is_nan_bits(a), F.f32_from_bits(F.u32(CANONICAL_NAN)), c / F.f32_const(rule.qmax)),
+            F.like(F.f32_const(rule.qmax), c) / c)
 
 
-@T.macro
+def scale_value_from_amax(rule: ScaleRule, amax_bits):
+    """Like ``scale_from_amax``, but the sf always as an fp32 value (an E4M3 sf decoded: NaN for
+    code 0x7F), for kernels that dequantize with it instead of storing it."""
+    if rule.e4m3_sf:
+        sf = keep(F.e4m3_to_f32(e4m3_scale_code(rule, amax_bits)))
+        return sf, 1.0 / sf
+    return scale_from_amax(replace(rule, stored="fp32"), amax_bits)
+
+
 def decode_scale(layout: SFLayout, stored):
     """A stored SF element (fp32, E4M3 code or UE8M0 byte) as fp32."""
     if layout.kind == "fp32":
@@ -131,17 +115,6 @@ def decode_scale(layout: SFLayout, stored):
 def load_scale(layout: SFLayout, sf_flat, m, k, stride_m, stride_k):
     """SF block ``(m, k)`` of a flat SF buffer, decoded to fp32."""
     return decode_scale(layout, sf_flat[sf_address(m, k, stride_m, stride_k, layout)])
-
-
-def decode_element(in_fmt: str, tile, i, j):
-    """Logical element ``(i, j)`` of an input tile as fp32 (FP4 tiles hold two codes per byte)."""
-    if in_fmt == "fp32":
-        return tile[i, j]
-    if in_fmt == "bf16":
-        return F.bf16_to_f32(tile[i, j])
-    if in_fmt == "e4m3":
-        return F.e4m3_to_f32(tile[i, j])
-    return F.e2m1_to_f32(F.e2m1_unpack(tile[i, j // 2], j % 2))
 
 
 def encode(fmt: str, y):

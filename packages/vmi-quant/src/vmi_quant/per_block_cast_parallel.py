@@ -13,9 +13,8 @@ to persistent workers. Token count, hidden size and all strides are runtime valu
 5. DMA the data tile out; scatter the tile's SF row into any SF layout (unused bytes
    of packed words are never touched).
 
-Every vector region is SIMT on Ascend: the body needs bit operations, comparisons,
-per-lane serial loops and 8-bit data, none of which TileLang 0.1.15's SIMD lowering of
-``T.Parallel`` accepts.
+On Ascend, phases 2-4 run as explicit vector code (a SIMD region, ``vmi_core.tl.vector``);
+the SF read or written at computed addresses runs in a SIMT region.
 """
 
 
@@ -28,10 +27,10 @@ from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
-from vmi_core.tl.reduce import segment_reduce
-from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.vector import decode
 
-from .kernel_common import KERNEL_DTYPE, ScaleRule, decode_element, encode, load_scale, store_scale
+from .kernel_common import KERNEL_DTYPE, ScaleRule, encode, load_scale, scale_from_amax
 
 MODES = ("cast", "sf_only", "cast_only")
 BLOCK_SIZES = (32, 128)
@@ -77,21 +76,15 @@ def build_per_block_cast(spec: PerBlockCastSpec, target: str):
     x_stride = TK.dynamic("x_stride")
     out_stride = TK.dynamic("out_stride")
 
-    def scaled(x, sf_inv, i, col):
-        return decode_element(in_fmt, x, i, col) * sf_inv[0, col // bk]
+    def scaled(x, sf_inv, at):
+        return decode(in_fmt, at, x) * at.group(sf_inv, bk, row=0)
 
     @T.macro
-    def compute_scales(x, row_max, sf_val, sf_inv):
-        segment_reduce(row_max, BM, groups, bk, lambda i, col: F.abs_bits(decode_element(in_fmt, x, i, col)),
-                       "max", F.u32(0))
-        for g in T.Parallel(groups):
-            # A per-lane register, not a tile: with fewer lanes than threads, a tile written inside
-            # the serial loop would need a barrier in a branch only some threads take (CUDA, SIMT).
-            amax = T.alloc_var("uint32")
-            amax = F.u32(0)
-            for r in T.serial(BM):
-                amax = T.max(amax, row_max[r, g])
-            store_scale(spec.rule, amax, sf_val, sf_inv, 0, g)
+    def compute_scales(x, row_max, block_max, sf_val, sf_inv):
+        sh.segment_reduce(row_max, (BM, BK), bk, lambda at: F.abs_bits(decode(in_fmt, at, x)), "max", F.u32(0))
+        sh.column_reduce(block_max, row_max, (BM, groups), "max", F.u32(0))
+        sh.elementwise(sh.group_domain(1, groups), lambda at: scale_from_amax(spec.rule, at.load(block_max)),
+                       (sf_val, sf_inv))
 
     @T.macro
     def read_scales(SF, sf_inv, sf_m, sf_k, sf_sm, sf_sk):
@@ -100,13 +93,7 @@ def build_per_block_cast(spec: PerBlockCastSpec, target: str):
 
     @T.macro
     def quantize(x, sf_inv, q):
-        if fmt == "e4m3":
-            for i, j in T.Parallel(BM, BK):
-                q[i, j] = encode(fmt, scaled(x, sf_inv, i, j))
-        else:
-            for i, jb in T.Parallel(BM, BK // 2):
-                q[i, jb] = F.e2m1_pack(encode(fmt, scaled(x, sf_inv, i, 2 * jb)),
-                                       encode(fmt, scaled(x, sf_inv, i, 2 * jb + 1)))
+        sh.elementwise((BM, BK), lambda at: encode(fmt, scaled(x, sf_inv, at)), q, pack_e2m1=fmt == "e2m1")
 
     @T.macro
     def scatter_scales(SF, sf_val, sf_m, sf_k, sf_sm, sf_sk):
@@ -129,9 +116,10 @@ def build_per_block_cast(spec: PerBlockCastSpec, target: str):
                 sf_m = tm
                 sf_k = tk * groups
                 x = sh.tile((BM, BK), in_dtype)
-                row_max = sh.tile((BM, groups), "uint32")
-                sf_val = sh.tile((1, groups), sf_dtype)
-                sf_inv = sh.tile((1, groups), "float32")
+                row_max = sh.group_tile(BM, groups, "uint32")
+                block_max = sh.group_tile(1, groups, "uint32")
+                sf_val = sh.group_tile(1, groups, sf_dtype)
+                sf_inv = sh.group_tile(1, groups, "float32")
                 if writes_data:
                     q = sh.tile((BM, _phys(fmt, BK)), "uint8")
                     sh.buffer_versions({x: 2, q: 2})
@@ -139,14 +127,17 @@ def build_per_block_cast(spec: PerBlockCastSpec, target: str):
                     q = None
                     sh.buffer_versions({x: 2})
                 sh.copy(X[row0, k0], x)
-                with sh.vector(SIMT):
-                    if computes_sf:
-                        compute_scales(x, row_max, sf_val, sf_inv)
-                    else:
+                # SF reads and writes at computed addresses in SIMT, the rest in SIMD.
+                if not computes_sf:
+                    with sh.vector(SIMT):
                         read_scales(SF, sf_inv, sf_m, sf_k, sf_sm, sf_sk)
+                with sh.vector(SIMD):
+                    if computes_sf:
+                        compute_scales(x, row_max, block_max, sf_val, sf_inv)
                     if writes_data:
                         quantize(x, sf_inv, q)
-                    if computes_sf:
+                if computes_sf:
+                    with sh.vector(SIMT):
                         scatter_scales(SF, sf_val, sf_m, sf_k, sf_sm, sf_sk)
                 if writes_data:
                     sh.copy(q, OUT[row0, _phys(fmt, k0)])
@@ -172,8 +163,9 @@ def build_per_block_cast(spec: PerBlockCastSpec, target: str):
     return per_block_cast_kernel
 
 
-# The data tile, and the SF tile when packed, are 8-bit and touched inside the SIMT region.
-KERNEL_CONFIG = {"simt_8bit": True}
+# The SF tile, when packed, is 8-bit and touched inside a SIMT region; the SIMD region is explicit
+# vector code.
+KERNEL_CONFIG = {"simt_8bit": True, "simd_parallel": False}
 
 
 def per_block_cast_source(spec: PerBlockCastSpec, target: str) -> str:

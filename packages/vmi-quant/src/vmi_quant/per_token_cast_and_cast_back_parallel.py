@@ -11,9 +11,7 @@ hidden size and the row stride are runtime values. Per tile:
 5. DMA the tile back to where it came from (partial tiles clamped, so columns past
    the hidden size of a padded row are never written).
 
-The vector region is SIMT on Ascend: the body needs bit operations, integer
-compares and selects and per-lane serial loops, which TileLang 0.1.15's SIMD
-lowering of ``T.Parallel`` does not accept.
+Phases 2-4 run as explicit vector code on Ascend (one SIMD region, ``vmi_core.tl.vector``).
 """
 
 
@@ -25,10 +23,11 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.tl import formats as F
-from vmi_core.tl.reduce import segment_reduce
-from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.shell import SIMD, Shell
+from vmi_core.tl.simd import select
+from vmi_core.tl.vector import decode
 
-from .kernel_common import KERNEL_DTYPE, ScaleRule, decode_element, dequantize, encode, store_scale_value
+from .kernel_common import KERNEL_DTYPE, ScaleRule, dequantize, encode, scale_value_from_amax
 
 # A tile covers whole groups (num_per_channels <= 128 divides the hidden size).
 BLOCK_M = 32
@@ -58,25 +57,24 @@ def build_per_token_cast_and_cast_back(spec: CastAndCastBackSpec, target: str):
     K = TK.dynamic("K")
     x_stride = TK.dynamic("x_stride")
 
-    def abs_value(x, k0, i, col):
+    def abs_value(x, k0, at):
         # Columns past the hidden size (a partial last tile) hold no data.
-        return T.Select(k0 + col < K, F.abs_bits(decode_element(in_fmt, x, i, col)), F.u32(0))
+        return select(at.column() + k0 < K, F.abs_bits(decode(in_fmt, at, x)), F.u32(0))
 
-    def round_trip(x, sf_val, sf_inv, i, j):
-        code = encode(fmt, decode_element(in_fmt, x, i, j) * sf_inv[i, j // npc])
-        back = dequantize(fmt, code, sf_val[i, j // npc])
+    def round_trip(x, sf_val, sf_inv, at):
+        code = encode(fmt, decode(in_fmt, at, x) * at.group(sf_inv, npc))
+        back = dequantize(fmt, code, at.group(sf_val, npc))
         return back if in_fmt == "fp32" else F.f32_to_bf16(back)
 
     @T.macro
     def compute_scales(x, k0, amax, sf_val, sf_inv):
-        segment_reduce(amax, BM, groups, npc, lambda i, col: abs_value(x, k0, i, col), "max", F.u32(0))
-        for i, g in T.Parallel(BM, groups):
-            store_scale_value(spec.rule, amax[i, g], sf_val, sf_inv, i, g)
+        sh.segment_reduce(amax, (BM, BK), npc, lambda at: abs_value(x, k0, at), "max", F.u32(0))
+        sh.elementwise(sh.group_domain(BM, groups), lambda at: scale_value_from_amax(spec.rule, at.load(amax)),
+                       (sf_val, sf_inv))
 
     @T.macro
     def cast_and_cast_back(x, sf_val, sf_inv):
-        for i, j in T.Parallel(BM, BK):
-            x[i, j] = round_trip(x, sf_val, sf_inv, i, j)
+        sh.elementwise((BM, BK), lambda at: round_trip(x, sf_val, sf_inv, at), x)
 
     @TK.prim_func
     def per_token_cast_and_cast_back_kernel(
@@ -91,12 +89,12 @@ def build_per_token_cast_and_cast_back(spec: CastAndCastBackSpec, target: str):
                 row0 = tm * BM
                 k0 = tk * BK
                 x = sh.tile((BM, BK), dtype)
-                amax = sh.tile((BM, groups), "uint32")
-                sf_val = sh.tile((BM, groups), "float32")
-                sf_inv = sh.tile((BM, groups), "float32")
+                amax = sh.group_tile(BM, groups, "uint32")
+                sf_val = sh.group_tile(BM, groups, "float32")
+                sf_inv = sh.group_tile(BM, groups, "float32")
                 sh.buffer_versions({x: 2})
                 sh.copy(X[row0, k0], x)
-                with sh.vector(SIMT):
+                with sh.vector(SIMD):
                     compute_scales(x, k0, amax, sf_val, sf_inv)
                     cast_and_cast_back(x, sf_val, sf_inv)
                 sh.copy(x, X[row0, k0])
@@ -104,9 +102,13 @@ def build_per_token_cast_and_cast_back(spec: CastAndCastBackSpec, target: str):
     return per_token_cast_and_cast_back_kernel
 
 
+# The SIMD region is explicit vector code.
+KERNEL_CONFIG = {"simd_parallel": False}
+
+
 def per_token_cast_and_cast_back_source(spec: CastAndCastBackSpec, target: str) -> str:
     """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
-    return kernel_source(build_per_token_cast_and_cast_back, spec, target)
+    return kernel_source(build_per_token_cast_and_cast_back, spec, target, **KERNEL_CONFIG)
 
 
 def launch(call, target: str) -> None:
@@ -114,7 +116,7 @@ def launch(call, target: str) -> None:
     x = call.x
     if x.shape[0] == 0:
         return
-    kernel = cached_kernel(build_per_token_cast_and_cast_back, call.spec, target)
+    kernel = cached_kernel(build_per_token_cast_and_cast_back, call.spec, target, **KERNEL_CONFIG)
     bits = bit_view(x)
 
     def run(start: int, stop: int) -> None:

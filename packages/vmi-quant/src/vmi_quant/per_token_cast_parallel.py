@@ -14,9 +14,9 @@ Per tile:
 5. DMA the data tile out; scatter the SF tile into any SF layout (unused bytes of
    packed words are never touched).
 
-Every vector region is SIMT on Ascend: the body needs casts, bit operations,
-comparisons and per-lane serial loops, none of which TileLang 0.1.15's SIMD lowering
-of ``T.Parallel`` accepts.
+On Ascend, phases 2-4 of plain inputs run as explicit vector code (a SIMD region,
+``vmi_core.tl.vector``); the SF gathers and scatters at computed addresses, quantized inputs
+and stochastic rounding run in SIMT regions.
 """
 
 
@@ -31,17 +31,17 @@ from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
-from vmi_core.tl.reduce import segment_reduce
-from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.simd import select
+from vmi_core.tl.vector import ElementAt, decode
 
 from .kernel_common import (
     KERNEL_DTYPE,
     ScaleRule,
-    decode_element,
     encode,
     encode_stochastic_quad,
     load_scale,
-    store_scale,
+    scale_from_amax,
 )
 
 MODES = ("cast", "sf_only", "cast_only")
@@ -107,23 +107,27 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
     num_sf_cols = T.ceildiv(K, npc)
 
     bk_in = 1 if qin is None else qin.block_k
+    # Plain inputs without stochastic rounding run their amax, scale and quantize phases as
+    # vector code on Ascend; quantized inputs (input-SF blocks of any width, FP4 nibbles) and
+    # stochastic rounding (per-quad hashing) stay SIMT.
+    vector_kind = SIMD if qin is None and not spec.stochastic else SIMT
 
     def input_scale(s_in, k0, i, col):
         return s_in[i, (k0 + col) // bk_in - k0 // bk_in]
 
-    def value(x, s_in, k0, i, col):
-        v = decode_element(spec.in_fmt, x, i, col)
-        return v if qin is None else v * input_scale(s_in, k0, i, col)
+    def value(x, s_in, k0, at):
+        v = decode(spec.in_fmt, at, x)
+        return v if qin is None else v * input_scale(s_in, k0, at.i, at.j)
 
-    def abs_value(x, s_in, k0, i, col):
+    def abs_value(x, s_in, k0, at):
         # Columns past the hidden size (a partial last tile or group) hold no data.
-        return T.Select(k0 + col < K, F.abs_bits(value(x, s_in, k0, i, col)), F.u32(0))
+        return select(at.column() + k0 < K, F.abs_bits(value(x, s_in, k0, at)), F.u32(0))
 
-    def scaled(x, s_in, sf_inv, k0, i, col):
+    def scaled(x, s_in, sf_inv, k0, at):
         if qin is not None and not qin.dequant_first:
-            s = input_scale(s_in, k0, i, col) * sf_inv[i, col // npc]
-            return decode_element(spec.in_fmt, x, i, col) * s
-        return value(x, s_in, k0, i, col) * sf_inv[i, col // npc]
+            s = input_scale(s_in, k0, at.i, at.j) * at.group(sf_inv, npc)
+            return decode(spec.in_fmt, at, x) * s
+        return value(x, s_in, k0, at) * at.group(sf_inv, npc)
 
     @T.macro
     def load_input_scales(XSF, s_in, row0, k0, xsf_sm, xsf_sk):
@@ -134,9 +138,9 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
 
     @T.macro
     def compute_scales(x, s_in, k0, amax, sf_val, sf_inv):
-        segment_reduce(amax, BM, groups, npc, lambda i, col: abs_value(x, s_in, k0, i, col), "max", F.u32(0))
-        for i, g in T.Parallel(BM, groups):
-            store_scale(spec.rule, amax[i, g], sf_val, sf_inv, i, g)
+        sh.segment_reduce(amax, (BM, BK), npc, lambda at: abs_value(x, s_in, k0, at), "max", F.u32(0))
+        sh.elementwise(sh.group_domain(BM, groups), lambda at: scale_from_amax(spec.rule, at.load(amax)),
+                       (sf_val, sf_inv))
 
     @T.macro
     def read_scales(SF, sf_inv, row0, k0, sf_sm, sf_sk):
@@ -148,18 +152,14 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
     def quantize(x, s_in, sf_inv, k0, q):
         if spec.stochastic:
             for i, qd in T.Parallel(BM, BK // 4):
-                encode_stochastic_quad(fmt, scaled(x, s_in, sf_inv, k0, i, 4 * qd),
-                                       scaled(x, s_in, sf_inv, k0, i, 4 * qd + 1),
-                                       scaled(x, s_in, sf_inv, k0, i, 4 * qd + 2),
-                                       scaled(x, s_in, sf_inv, k0, i, 4 * qd + 3),
+                encode_stochastic_quad(fmt, scaled(x, s_in, sf_inv, k0, ElementAt((i,), 4 * qd)),
+                                       scaled(x, s_in, sf_inv, k0, ElementAt((i,), 4 * qd + 1)),
+                                       scaled(x, s_in, sf_inv, k0, ElementAt((i,), 4 * qd + 2)),
+                                       scaled(x, s_in, sf_inv, k0, ElementAt((i,), 4 * qd + 3)),
                                        T.Cast("uint32", k0 // 4 + qd), q, i, 4 * qd)
-        elif fmt == "e4m3":
-            for i, j in T.Parallel(BM, BK):
-                q[i, j] = encode(fmt, scaled(x, s_in, sf_inv, k0, i, j))
         else:
-            for i, jb in T.Parallel(BM, BK // 2):
-                q[i, jb] = F.e2m1_pack(encode(fmt, scaled(x, s_in, sf_inv, k0, i, 2 * jb)),
-                                       encode(fmt, scaled(x, s_in, sf_inv, k0, i, 2 * jb + 1)))
+            sh.elementwise((BM, BK), lambda at: encode(fmt, scaled(x, s_in, sf_inv, k0, at)), q,
+                           pack_e2m1=fmt == "e2m1")
 
     @T.macro
     def scatter_scales(SF, sf_val, row0, k0, sf_sm, sf_sk):
@@ -167,6 +167,15 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
         for i, g in T.Parallel(BM, groups):
             if row0 + i < M and k0 // npc + g < num_sf_cols:
                 SF[sf_address(row0 + i, k0 // npc + g, sf_sm, sf_sk, spec.sf_layout)] = sf_val[i, g]
+
+    @T.macro
+    def scales_and_data(x, s_in, k0, amax, sf_val, sf_inv, q, SF, row0, sf_sm, sf_sk):
+        if computes_sf:
+            compute_scales(x, s_in, k0, amax, sf_val, sf_inv)
+        elif vector_kind == SIMT:
+            read_scales(SF, sf_inv, row0, k0, sf_sm, sf_sk)
+        if writes_data:
+            quantize(x, s_in, sf_inv, k0, q)
 
     @T.macro
     def body(X, XSF, OUT, SF, xsf_sm, xsf_sk, sf_sm, sf_sk):
@@ -180,23 +189,29 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
                 k0 = tk * BK
                 x = sh.tile((BM, in_cols), in_dtype)
                 s_in = sh.tile((BM, qin_cols), "float32")
-                amax = sh.tile((BM, groups), "uint32")
-                sf_val = sh.tile((BM, groups), sf_dtype)
-                sf_inv = sh.tile((BM, groups), "float32")
+                amax = sh.group_tile(BM, groups, "uint32")
+                sf_val = sh.group_tile(BM, groups, sf_dtype)
+                sf_inv = sh.group_tile(BM, groups, "float32")
                 q = sh.tile((BM, out_cols), "uint8")
                 sh.buffer_versions({x: 2, q: 2})
                 sh.copy(X[row0, _phys(spec.in_fmt, k0)], x)
-                with sh.vector(SIMT):
-                    if qin is not None:
-                        load_input_scales(XSF, s_in, row0, k0, xsf_sm, xsf_sk)
+                if vector_kind == SIMT:
+                    with sh.vector(SIMT):
+                        if qin is not None:
+                            load_input_scales(XSF, s_in, row0, k0, xsf_sm, xsf_sk)
+                        scales_and_data(x, s_in, k0, amax, sf_val, sf_inv, q, SF, row0, sf_sm, sf_sk)
+                        if computes_sf:
+                            scatter_scales(SF, sf_val, row0, k0, sf_sm, sf_sk)
+                else:
+                    # SF reads and writes at computed addresses in SIMT, the rest in SIMD.
+                    if not computes_sf:
+                        with sh.vector(SIMT):
+                            read_scales(SF, sf_inv, row0, k0, sf_sm, sf_sk)
+                    with sh.vector(SIMD):
+                        scales_and_data(x, s_in, k0, amax, sf_val, sf_inv, q, SF, row0, sf_sm, sf_sk)
                     if computes_sf:
-                        compute_scales(x, s_in, k0, amax, sf_val, sf_inv)
-                    else:
-                        read_scales(SF, sf_inv, row0, k0, sf_sm, sf_sk)
-                    if writes_data:
-                        quantize(x, s_in, sf_inv, k0, q)
-                    if computes_sf:
-                        scatter_scales(SF, sf_val, row0, k0, sf_sm, sf_sk)
+                        with sh.vector(SIMT):
+                            scatter_scales(SF, sf_val, row0, k0, sf_sm, sf_sk)
                 if writes_data:
                     sh.copy(q, OUT[row0, _phys(fmt, k0)])
 
@@ -225,8 +240,8 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
     return per_token_cast_kernel
 
 
-# Every tile is touched inside SIMT regions and the output is 8-bit.
-KERNEL_CONFIG = {"simt_8bit": True}
+# SIMT regions touch the 8-bit SF and output tiles; the SIMD regions are explicit vector code.
+KERNEL_CONFIG = {"simt_8bit": True, "simd_parallel": False}
 
 
 def per_token_cast_source(spec: PerTokenCastSpec, target: str) -> str:

@@ -1,24 +1,27 @@
-"""Number formats as kernel macros, in integer bit math on fp32 patterns.
+"""Number formats as lane-generic kernel functions, in integer bit math on fp32 patterns.
 
-The same macros run on every target: the CPU backend has no bf16/fp8 types, and
-integer math pins down rounding, saturation, signed zeros and subnormals exactly
-(no flush-to-zero, no hardware NaN conventions). Narrow formats cross the kernel
-boundary as integer bit views: bf16 as uint16, E4M3 and UE8M0 as uint8, FP4 as
+The same functions run on every target and on both kinds of lane value (``vmi_core.tl.simd``):
+scalar expressions (cpu, cuda, Ascend SIMT) and 64-lane vector registers (Ascend SIMD). The
+CPU backend has no bf16/fp8 types, and integer math pins down rounding, saturation, signed
+zeros and subnormals exactly (no flush-to-zero, no hardware NaN conventions). Narrow formats
+cross the kernel boundary as integer bit views: bf16 as uint16, E4M3 and UE8M0 as uint8, FP4 as
 uint8 bytes holding two codes (element ``2j`` in the low nibble).
 
-Every intermediate that is used more than once lives in a ``T.alloc_var`` scalar:
-TileLang inlines let bindings, and nested macros would otherwise repeat their
-arguments' expressions at every use. Unsigned comparisons are written ``a > c - 1``:
-TVM's simplifier turns ``a >= c`` on uint32 into a division ``1 <= a / c``.
+Intermediates used more than once go through ``keep`` (a ``T.alloc_var`` scalar or a bound
+vector register), so nested calls do not repeat their arguments' expressions. Unsigned
+comparisons are written ``a > c - 1``: TVM's simplifier turns ``a >= c`` on uint32 into a
+division ``1 <= a / c``.
 
-The torch twins of these macros live in ``vmi_core.formats``; tests hold the
-two against each other and against torch's own casts.
+The torch twins of these functions live in ``vmi_core.formats``; tests hold the two against
+each other and against torch's own casts.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import tilelang.language as T
+
+from .simd import Pred, Vec, bitcast, cast, keep, maximum, minimum, select, widen
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -34,6 +37,11 @@ def u32(value: int):
     return T.uint32(value)
 
 
+def like(value, lanes):
+    """The constant ``value`` as a lane value of the same kind as ``lanes`` (a vector when it is one)."""
+    return Vec.splat(value, lanes.dtype) if isinstance(lanes, Vec) else value
+
+
 def f32_const(value: float):
     """An fp32 constant, rounded once from the Python float, that every target reproduces.
 
@@ -47,162 +55,134 @@ def f32_const(value: float):
     return T.reinterpret(T.uint32(int(f.view(np.uint32))), "float32")
 
 
-@T.macro
 def f32_bits(x):
-    return T.reinterpret(x, "uint32")
+    return bitcast(x, "uint32")
 
 
-@T.macro
 def f32_from_bits(bits):
-    return T.reinterpret(bits, "float32")
+    return bitcast(bits, "float32")
 
 
-@T.macro
 def abs_bits(x):
     """``|x|`` as an fp32 bit pattern (orders like |x| for non-NaN values)."""
-    return T.reinterpret(x, "uint32") & u32(_F32_ABS)
+    return bitcast(x, "uint32") & u32(_F32_ABS)
 
 
-@T.macro
+def flag(cond):
+    """A lane condition as 0 or 1 (uint32)."""
+    return select(cond, u32(1), u32(0)) if isinstance(cond, Pred) else T.Cast("uint32", cond)
+
+
 def rne_shift_right(sig, shift):
     """``sig / 2^shift`` rounded to nearest, ties to even; ``shift`` in [1, 31]."""
-    kept = T.alloc_var("uint32")
-    rest = T.alloc_var("uint32")
-    half = T.alloc_var("uint32")
-    kept = sig >> shift
-    rest = sig & ((u32(1) << shift) - u32(1))
-    half = u32(1) << (shift - u32(1))
-    return kept + T.Cast("uint32", (rest > half) | ((rest == half) & ((kept & u32(1)) == u32(1))))
+    one = like(u32(1), shift)
+    kept = keep(sig >> shift)
+    rest = keep(sig & ((one << shift) - u32(1)))
+    half = keep(one << (shift - u32(1)))
+    return kept + flag((rest > half) | ((rest == half) & ((kept & u32(1)) == u32(1))))
 
 
-@T.macro
 def _subnormal_units(a, unit_exp_bias):
     """``|x|`` (abs bits ``a``) in units of ``2^(unit_exp_bias - 150)``, RNE, for small |x|."""
-    exp = T.alloc_var("uint32")
-    exp = a >> u32(23)
-    return rne_shift_right(T.Select(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000)),
-                           T.min(u32(unit_exp_bias) - T.max(exp, u32(1)), u32(31)))
+    exp = keep(a >> u32(23))
+    return rne_shift_right(select(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000)),
+                           minimum(like(u32(unit_exp_bias), exp) - maximum(exp, u32(1)), u32(31)))
 
 
 # --- bf16 -------------------------------------------------------------------------------------
 
-@T.macro
 def bf16_to_f32(bits16):
-    return T.reinterpret(T.Cast("uint32", bits16) << u32(16), "float32")
+    return bitcast(widen(bits16) << u32(16), "float32")
 
 
-@T.macro
 def f32_to_bf16(x):
     """fp32 -> bf16 bits (uint16), round to nearest even; NaN stays a quiet NaN."""
-    b = T.alloc_var("uint32")
-    b = T.reinterpret(x, "uint32")
-    return T.Cast("uint16", T.Select((b & u32(_F32_ABS)) > u32(_F32_INF), (b >> u32(16)) | u32(0x40),
-                                     (b + u32(0x7FFF) + ((b >> u32(16)) & u32(1))) >> u32(16)))
+    b = keep(bitcast(x, "uint32"))
+    return cast(select((b & u32(_F32_ABS)) > u32(_F32_INF), (b >> u32(16)) | u32(0x40),
+                       (b + u32(0x7FFF) + ((b >> u32(16)) & u32(1))) >> u32(16)), "uint16")
 
 
 # --- fp8 e4m3 ---------------------------------------------------------------------------------
 
-@T.macro
 def e4m3_to_f32(code):
-    c = T.alloc_var("uint32")
-    sign = T.alloc_var("uint32")
-    exp = T.alloc_var("uint32")
-    c = T.Cast("uint32", code)
-    sign = (c & u32(0x80)) << u32(24)
-    exp = (c >> u32(3)) & u32(0xF)
+    c = keep(widen(code))
+    sign = keep((c & u32(0x80)) << u32(24))
+    exp = keep((c >> u32(3)) & u32(0xF))
     normal = sign | ((exp + u32(120)) << u32(23)) | ((c & u32(0x7)) << u32(20))
-    subnormal = sign | T.reinterpret(T.Cast("float32", c & u32(0x7)) * T.float32(2.0**-9), "uint32")
-    return T.reinterpret(
-        T.Select((c & u32(0x7F)) == u32(0x7F), sign | u32(0x7FC00000), T.Select(exp == u32(0), subnormal, normal)),
+    subnormal = sign | bitcast(cast(c & u32(0x7), "float32") * T.float32(2.0**-9), "uint32")
+    return bitcast(
+        select((c & u32(0x7F)) == u32(0x7F), sign | u32(0x7FC00000), select(exp == u32(0), subnormal, normal)),
         "float32")
 
 
-@T.macro
 def f32_to_e4m3(x):
     """fp32 -> E4M3 code (uint8): RNE, saturating to +-448 (inf too), NaN -> 0x7F, sign kept."""
-    b = T.alloc_var("uint32")
-    a = T.alloc_var("uint32")
-    b = T.reinterpret(x, "uint32")
-    a = b & u32(_F32_ABS)
+    b = keep(bitcast(x, "uint32"))
+    a = keep(b & u32(_F32_ABS))
     normal = ((a + u32(0x7FFFF) + ((a >> u32(20)) & u32(1))) >> u32(20)) - u32(120 << 3)
     # Subnormal E4M3 codes count units of 2^-9 = 2^(141 - 150).
-    code = T.Select(
+    code = select(
         a > u32(_F32_INF), u32(0x7F),
-        T.Select(a > u32(_E4M3_MAX_BITS - 1), u32(0x7E),
-                 T.Select(a > u32(_E4M3_MIN_NORMAL_BITS - 1), normal, _subnormal_units(a, 141))))
-    return T.Cast("uint8", code | ((b >> u32(24)) & u32(0x80)))
+        select(a > u32(_E4M3_MAX_BITS - 1), u32(0x7E),
+               select(a > u32(_E4M3_MIN_NORMAL_BITS - 1), normal, _subnormal_units(a, 141))))
+    return cast(code | ((b >> u32(24)) & u32(0x80)), "uint8")
 
 
 # --- fp4 e2m1 ---------------------------------------------------------------------------------
 
-@T.macro
 def e2m1_to_f32(code):
-    c = T.alloc_var("uint32")
-    exp = T.alloc_var("uint32")
-    c = T.Cast("uint32", code)
-    exp = (c >> u32(1)) & u32(0x3)
+    c = keep(widen(code))
+    exp = keep((c >> u32(1)) & u32(0x3))
     normal = ((exp + u32(126)) << u32(23)) | ((c & u32(0x1)) << u32(22))
     subnormal = (c & u32(0x1)) * u32(0x3F000000)  # 0.5 or 0
-    return T.reinterpret(((c & u32(0x8)) << u32(28)) | T.Select(exp == u32(0), subnormal, normal), "float32")
+    return bitcast(((c & u32(0x8)) << u32(28)) | select(exp == u32(0), subnormal, normal), "float32")
 
 
-@T.macro
 def f32_to_e2m1(x):
     """fp32 -> E2M1 code (0..15, as uint32): RNE ties-to-even, saturating to +-6 (inf and NaN too)."""
-    b = T.alloc_var("uint32")
-    a = T.alloc_var("uint32")
-    b = T.reinterpret(x, "uint32")
-    a = b & u32(_F32_ABS)
-    normal = T.min(((a + u32(0x1FFFFF) + ((a >> u32(22)) & u32(1))) >> u32(22)) - u32(126 << 1), u32(7))
+    b = keep(bitcast(x, "uint32"))
+    a = keep(b & u32(_F32_ABS))
+    normal = minimum(((a + u32(0x1FFFFF) + ((a >> u32(22)) & u32(1))) >> u32(22)) - u32(126 << 1), u32(7))
     # Subnormal E2M1 codes count units of 2^-1 = 2^(149 - 150).
-    code = T.Select(a > u32(_F32_INF - 1), u32(7),
-                    T.Select(a > u32(_E2M1_ONE_BITS - 1), normal, _subnormal_units(a, 149)))
+    code = select(a > u32(_F32_INF - 1), u32(7),
+                  select(a > u32(_E2M1_ONE_BITS - 1), normal, _subnormal_units(a, 149)))
     return code | ((b >> u32(28)) & u32(0x8))
 
 
-@T.macro
 def e2m1_pack(lo_code, hi_code):
     """Two E2M1 codes in one byte, the even element in the low nibble."""
-    lo = T.Cast("uint32", lo_code) & u32(0xF)
-    hi = T.Cast("uint32", hi_code) & u32(0xF)
-    return T.Cast("uint8", lo | (hi << u32(4)))
+    return cast((widen(lo_code) & u32(0xF)) | ((widen(hi_code) & u32(0xF)) << u32(4)), "uint8")
 
 
-@T.macro
 def e2m1_unpack(byte, index):
     """Code ``index`` (0 = low nibble, 1 = high nibble) of a packed byte."""
-    return (T.Cast("uint32", byte) >> (u32(4) * T.Cast("uint32", index))) & u32(0xF)
+    return (widen(byte) >> (u32(4) * T.Cast("uint32", index))) & u32(0xF)
 
 
 # --- ue8m0 ------------------------------------------------------------------------------------
 
-@T.macro
 def ue8m0_to_f32(exponent):
     """A UE8M0 exponent byte as fp32: ``2^(e-127)``; 0 decodes to 0.0 and 255 to inf."""
-    return T.reinterpret(T.Cast("uint32", exponent) << u32(23), "float32")
+    return bitcast(widen(exponent) << u32(23), "float32")
 
 
-@T.macro
 def ue8m0_ceil(t):
     """Biased exponent (0..255, as uint32) of the power-of-two ceiling of a non-negative fp32 ``t``:
     ``(bits(t) + 0x7FFFFF) & 0x7F800000``, the reference's rounding. Subnormal ``t`` gives 1,
     ``t > 2^127`` and inf give 255 (inf), 0 gives 0 and every NaN gives 0 (0.0)."""
-    return ((T.reinterpret(t, "uint32") + u32(0x7FFFFF)) & u32(_F32_INF)) >> u32(23)
+    return ((bitcast(t, "uint32") + u32(0x7FFFFF)) & u32(_F32_INF)) >> u32(23)
 
 
-@T.macro
 def pow2_from_exponent(exponent):
     """``2^(e-127)`` as fp32 from a biased exponent (uint32); like UE8M0, 0 gives 0.0 and 255 inf."""
-    return T.reinterpret(exponent << u32(23), "float32")
+    return bitcast(exponent << u32(23), "float32")
 
 
-@T.macro
 def ue8m0_reciprocal(exponent):
     """``1 / pow2_from_exponent(e)`` exactly, for a biased exponent 0..255 (uint32): ``2^(127-e)``,
     so 254 gives the subnormal 2^-127, 255 (inf) gives 0.0 and 0 (0.0) gives inf."""
-    e = T.alloc_var("uint32")
-    e = exponent
-    return T.reinterpret(
-        T.Select(e > u32(253), T.Select(e == u32(254), u32(0x400000), u32(0)),
-                 T.Select(e == u32(0), u32(_F32_INF), (u32(254) - e) << u32(23))),
+    e = keep(exponent)
+    return bitcast(
+        select(e > u32(253), select(e == u32(254), u32(0x400000), u32(0)),
+               select(e == u32(0), u32(_F32_INF), (like(u32(254), e) - e) << u32(23))),
         "float32")

@@ -10,13 +10,16 @@ piece              ascend                      cuda                   cpu
 ``tiles``          ``T.Persistent`` over the work-tile domain (round-robin over workers)
 ``tile``           UB (``alloc_shared``)       shared memory          stack array
 ``vector``         ``T.SimdVF``/``T.SimtVF``   no region              no region
+``elementwise``    vector code in SIMD,        ``T.Parallel``         ``T.Parallel``
+``segment_reduce`` ``T.Parallel`` in SIMT
 ``copy``           MTE DMA (tails clamped)     ``T.copy``             ``T.copy``
 ``buffer_versions``  multi-buffering annotation  nothing                nothing
 =================  ==========================  =====================  ==================
 
-Bodies keep to element-wise expressions over tiles, per-row scalars and
-explicit reductions so that a later pass can re-emit them as explicit vector
-code without rewriting the ops.
+Element-wise and segment-reduction phases are written once as functions of a
+lane position (``vmi_core.tl.vector``); ``elementwise`` and ``segment_reduce``
+lower them as ``T.Parallel`` loops, or as explicit 64-lane vector code inside an
+Ascend SIMD region (the kind of the last ``vector`` region opened).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import contextlib
 import os
 
 import tilelang.language as TL
+
+from . import vector as V
 
 # Persistent workers per target: Ascend 950 vector cores, H200 SMs (x2 blocks), one CPU thread.
 DEFAULT_WORKERS = {"ascend": 64, "cuda": 264, "cpu": 1}
@@ -58,6 +63,7 @@ class Shell:
         self.is_cpu = target == "cpu"
         self.is_cuda = target == "cuda"
         self.is_ascend = target == "ascend"
+        self.in_simd = False
 
     def kernel(self, grid):
         """The launch: a 1-D grid of ``grid`` blocks (cores on Ascend)."""
@@ -94,11 +100,34 @@ class Shell:
         """
         if kind not in (SIMD, SIMT):
             raise ValueError(f"vector region kind must be 'simd' or 'simt', got {kind!r}")
+        self.in_simd = self.is_ascend and kind == SIMD
         if not self.is_ascend:
             return contextlib.nullcontext()
         if kind == SIMD:
             return self.T.SimdVF()
         return self.T.SimtVF(threads=SIMT_THREADS)
+
+    def group_tile(self, rows: int, groups: int, dtype):
+        """A per-(row, group) tile for ``at.group`` and ``segment_reduce`` (padded for vector code
+        on Ascend; call it where the phases' ``vector`` region kind is known)."""
+        return self.tile(V.group_tile_shape(self.is_ascend, rows, groups), dtype)
+
+    def group_domain(self, rows: int, groups: int):
+        """The element-wise domain over a ``group_tile`` (padding included in vector code)."""
+        rows_, cols = V.group_tile_shape(self.in_simd, rows, groups)
+        return (rows, cols)
+
+    def elementwise(self, shape, value, outs, *, pack_e2m1: bool = False, fp4_tiles=()):
+        """``outs[k][i, j] = value(at)[k]`` over ``shape`` (``vmi_core.tl.vector.elementwise``)."""
+        return V.elementwise(self.in_simd, shape, value, outs, pack_e2m1=pack_e2m1, fp4_tiles=fp4_tiles)
+
+    def column_reduce(self, acc, src, shape, op: str, init):
+        """``acc[0, c]`` = ``op`` over the rows of ``src`` (``vmi_core.tl.vector.column_reduce``)."""
+        return V.column_reduce(self.in_simd, acc, src, shape, op, init)
+
+    def segment_reduce(self, acc, shape, seg_len: int, value, op: str, init):
+        """``acc[i, s]`` = ``op`` over each ``seg_len`` columns (``vmi_core.tl.vector.segment_reduce``)."""
+        return V.segment_reduce(self.in_simd, acc, shape, seg_len, value, op, init)
 
     def copy(self, src, dst):
         """DMA between global memory and a tile; partial tiles at the edges are clamped."""
