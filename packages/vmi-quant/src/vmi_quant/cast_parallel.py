@@ -10,9 +10,9 @@ round-robin to persistent workers. Per tile:
 3. DMA the output tile out.
 
 A same-format cast has no vector region: its tiles go from the input DMA straight
-to the output DMA. On Ascend, a plain cast runs as explicit vector code (a SIMD region,
-``vmi_core.tl.vector``); stochastic rounding, whose hash mixes the four elements of a quad,
-stays SIMT.
+to the output DMA. On Ascend, the conversion runs as explicit vector code (a SIMD region,
+``vmi_core.tl.vector``); with stochastic rounding the quad hashes are computed 64 quads at
+a time, each quad's four elements deinterleaved into the same lane of four registers.
 
 The element count is a runtime value (one compiled kernel per format pair); the
 launcher cuts huge tensors into chunks that int32 indexing covers and hands every
@@ -28,8 +28,10 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.tl import formats as F
-from vmi_core.tl.shell import SIMD, SIMT, Shell
-from vmi_core.tl.stochastic import sr_mix, sr_random16, stochastic_round
+from vmi_core.tl.shell import SIMD, Shell
+from vmi_core.tl.simd import LANES, Vec, bitcast
+from vmi_core.tl.stochastic import sr_mix, sr_random16_at, stochastic_round
+from vmi_core.tl.vector import deinterleave, load, phase_barrier, store
 
 from .kernel_common import KERNEL_DTYPE
 
@@ -87,28 +89,47 @@ def build_cast(spec: CastSpec, target: str):
     in_dtype, out_dtype = KERNEL_DTYPE[spec.in_fmt], KERNEL_DTYPE[spec.out_fmt]
     N = TK.dynamic("N")
 
+    def converted(x, at):
+        return from_f32(spec.out_fmt, to_f32(spec.in_fmt, at.load(x)))
+
+    def rounded(x, h, at):
+        # Element p of a quad rounds with the p-th 16-bit number of the quad's hash.
+        r16 = sr_random16_at(at.group(h, 4), bitcast(at.column(), "uint32") & F.u32(3))
+        return from_f32(spec.out_fmt, stochastic_round(to_f32(spec.in_fmt, at.load(x)), r16, spec.out_fmt))
+
     def wide_bits(x, j):
         """The bit pattern of element ``j`` widened to fp32 (what the stochastic-rounding hash reads)."""
         return F.f32_bits(to_f32(spec.in_fmt, x[j]))
 
-    @T.macro
-    def convert(x, o):
-        sh.elementwise((BLOCK,), lambda at: from_f32(spec.out_fmt, to_f32(spec.in_fmt, at.load(x))), o)
+    def hash_quad_registers(x, h, quad0, e0):
+        bits = [F.f32_bits(to_f32(spec.in_fmt, load(x[e0 + k * LANES]))) for k in range(4)]
+        even01, odd01 = deinterleave(bits[0], bits[1])
+        even23, odd23 = deinterleave(bits[2], bits[3])
+        b0, b2 = deinterleave(even01, even23)
+        b1, b3 = deinterleave(odd01, odd23)
+        counter = bitcast(Vec.lane_index(e0 // 4), "uint32") + quad0
+        T.evaluate(store(h[e0 // 4], sr_mix(b0, b1, b2, b3, counter)))
 
     @T.macro
     def hash_quads(x, h, quad0):
-        for qd in T.Parallel(BLOCK // 4):
-            h[qd] = sr_mix(wide_bits(x, 4 * qd), wide_bits(x, 4 * qd + 1), wide_bits(x, 4 * qd + 2),
-                           wide_bits(x, 4 * qd + 3), quad0 + T.Cast("uint32", qd))
+        if sh.in_simd:
+            # 256 elements a step: two rounds of deinterleaving give each quad's four elements
+            # in the same lane of four registers.
+            for c in T.serial(BLOCK // (4 * LANES)):
+                hash_quad_registers(x, h, quad0, c * 4 * LANES)
+            phase_barrier()
+        else:
+            for qd in T.Parallel(BLOCK // 4):
+                h[qd] = sr_mix(wide_bits(x, 4 * qd), wide_bits(x, 4 * qd + 1), wide_bits(x, 4 * qd + 2),
+                               wide_bits(x, 4 * qd + 3), quad0 + T.Cast("uint32", qd))
+
+    @T.macro
+    def convert(x, o):
+        sh.elementwise((BLOCK,), lambda at: converted(x, at), o)
 
     @T.macro
     def convert_stochastic(x, h, o):
-        # One rounding per element (not four per quad) keeps the kernel code small.
-        for j in T.Parallel(BLOCK):
-            r16 = T.Select(j % 4 == 0, sr_random16(h[j // 4], 0),
-                           T.Select(j % 4 == 1, sr_random16(h[j // 4], 1),
-                                    T.Select(j % 4 == 2, sr_random16(h[j // 4], 2), sr_random16(h[j // 4], 3))))
-            o[j] = from_f32(spec.out_fmt, stochastic_round(to_f32(spec.in_fmt, x[j]), r16, spec.out_fmt))
+        sh.elementwise((BLOCK,), lambda at: rounded(x, h, at), o)
 
     @T.macro
     def body(X, OUT, quad_base):
@@ -124,17 +145,16 @@ def build_cast(spec: CastSpec, target: str):
                     sh.copy(x, OUT[t0])
                 else:
                     o = sh.tile((BLOCK,), out_dtype)
-                    h = sh.tile((BLOCK // 4,), "uint32") if spec.stochastic else None
+                    h = sh.lane_table(BLOCK // 4, "uint32") if spec.stochastic else None
                     sh.buffer_versions({x: 2, o: 2})
                     sh.copy(X[t0], x)
-                    if spec.stochastic:
-                        with sh.vector(SIMT):
+                    with sh.vector(SIMD):
+                        if spec.stochastic:
                             quad0 = T.alloc_var("uint32")
                             quad0 = T.Cast("uint32", quad_base) + T.Cast("uint32", t * (BLOCK // 4))
                             hash_quads(x, h, quad0)
                             convert_stochastic(x, h, o)
-                    else:
-                        with sh.vector(SIMD):
+                        else:
                             convert(x, o)
                     sh.copy(o, OUT[t0])
 

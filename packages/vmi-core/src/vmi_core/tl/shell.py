@@ -112,6 +112,10 @@ class Shell:
         on Ascend; call it where the phases' ``vector`` region kind is known)."""
         return self.tile(V.group_tile_shape(self.is_ascend, rows, groups), dtype)
 
+    def lane_table(self, n: int, dtype):
+        """A 1-D tile of ``n`` group values for ``at.group`` (padded for vector code on Ascend)."""
+        return self.tile((V.lane_table_length(self.is_ascend, n),), dtype)
+
     def group_domain(self, rows: int, groups: int):
         """The element-wise domain over a ``group_tile`` (padding included in vector code)."""
         rows_, cols = V.group_tile_shape(self.in_simd, rows, groups)

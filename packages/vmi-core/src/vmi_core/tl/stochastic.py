@@ -1,4 +1,5 @@
-"""Stochastic rounding (SR) as kernel macros.
+"""Stochastic rounding (SR) as lane-generic kernel functions (scalar or vector lanes,
+``vmi_core.tl.simd``).
 
 Random bits come from a stateless hash of the values themselves and a position
 counter (no seed, no RNG state), so identical inputs give identical outputs on
@@ -15,9 +16,8 @@ not (the largest finite value may step to infinity). The torch twin is
 
 from __future__ import annotations
 
-import tilelang.language as T
-
-from .formats import u32
+from .formats import flag, like, u32
+from .simd import bitcast, cast, keep, maximum, minimum, select
 
 # (mantissa bits, minimum normal exponent, largest finite fp32 bit pattern or None)
 SR_FORMATS = {
@@ -29,30 +29,31 @@ SR_FORMATS = {
 _W = (0x5671D42B, 0x9995E499, 0xACE1B8A5, 0xE153538D)
 
 
-@T.macro
 def sr_mix(b0, b1, b2, b3, counter):
-    """The 32-bit quad hash ``h`` of four fp32 bit patterns and a counter."""
-    h = T.alloc_var("uint32")
-    h = b0 * u32(_W[0]) + b1 * u32(_W[1]) + b2 * u32(_W[2]) + b3 * u32(_W[3]) + counter
-    h = (h ^ (h >> u32(23))) * u32(0x7FEB352D)
+    """The 32-bit quad hash ``h`` of four fp32 bit patterns and a counter (uint32, wrapping)."""
+    h = keep(b0 * u32(_W[0]) + b1 * u32(_W[1]) + b2 * u32(_W[2]) + b3 * u32(_W[3]) + counter)
+    h = keep((h ^ (h >> u32(23))) * u32(0x7FEB352D))
     return h ^ (h >> u32(16))
 
 
 _WORD_MULTIPLIERS = (0x846CA68B, 0xD35A2D97)
 
 
-@T.macro
 def sr_word(h, w: int):
     """The 32-bit random word ``r0`` (``w = 0``) or ``r1`` (``w = 1``) of the hash ``h``."""
-    r = T.alloc_var("uint32")
-    r = h * u32(_WORD_MULTIPLIERS[w])
+    r = keep(h * u32(_WORD_MULTIPLIERS[w]))
     return r ^ (r >> u32(11))
 
 
-@T.macro
 def sr_random16(h, p: int):
     """The 16-bit random number of element ``p`` (0..3, a Python int) of the quad hashed to ``h``."""
     return (sr_word(h, p // 2) >> u32(16 * (p % 2))) & u32(0xFFFF)
+
+
+def sr_random16_at(h, p):
+    """``sr_random16(h, p)`` for a lane value ``p`` (uint32 in 0..3): one word per lane."""
+    r = keep(h * select(p > u32(1), u32(_WORD_MULTIPLIERS[1]), u32(_WORD_MULTIPLIERS[0])))
+    return ((r ^ (r >> u32(11))) >> ((p & u32(1)) * u32(16))) & u32(0xFFFF)
 
 
 def stochastic_round(x, r16, fmt: str):
@@ -65,24 +66,18 @@ def stochastic_round(x, r16, fmt: str):
                              u32(smallest_bits))
 
 
-@T.macro
 def _stochastic_round(x, r16, normal_dropped, min_biased_exp, keep_above_bits, smallest_bits):
-    b = T.alloc_var("uint32")
-    a = T.alloc_var("uint32")
-    exp = T.alloc_var("uint32")
-    dropped = T.alloc_var("uint32")
-    mask = T.alloc_var("uint32")
-    up = T.alloc_var("uint32")
-    b = T.reinterpret(x, "uint32")
-    a = b & u32(0x7FFFFFFF)
-    exp = a >> u32(23)
-    sig = T.Select(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000))
+    b = keep(bitcast(x, "uint32"))
+    a = keep(b & u32(0x7FFFFFFF))
+    exp = keep(a >> u32(23))
+    sig = select(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000))
     # Small counts compare as int32: TVM rewrites uint32 ``x < c`` into ``x / c < 1``.
-    dropped = normal_dropped + T.Select(T.Cast("int32", T.max(exp, u32(1))) < T.Cast("int32", min_biased_exp),
-                                        min_biased_exp - T.max(exp, u32(1)), u32(0))
-    mask = (u32(1) << T.min(dropped, u32(31))) - u32(1)
-    up = T.Cast("uint32", r16 < T.Select(dropped > u32(39), u32(0), (sig & mask) >> (dropped - u32(16))))
-    mag = T.Select(T.Cast("int32", dropped) < 24, (a & ~mask) + (up << T.min(dropped, u32(23))),
-                   up * smallest_bits)
+    dropped = keep(like(normal_dropped, exp)
+                   + select(cast(maximum(exp, u32(1)), "int32") < cast(min_biased_exp, "int32"),
+                            like(min_biased_exp, exp) - maximum(exp, u32(1)), u32(0)))
+    mask = keep((like(u32(1), dropped) << minimum(dropped, u32(31))) - u32(1))
+    up = keep(flag(r16 < select(dropped > u32(39), u32(0), (sig & mask) >> (dropped - u32(16)))))
+    mag = select(cast(dropped, "int32") < 24, (a & (mask ^ u32(0xFFFFFFFF))) + (up << minimum(dropped, u32(23))),
+                 up * smallest_bits)
     # Saturated, infinite and NaN inputs pass through: the RNE encoders saturate them.
-    return T.reinterpret(T.Select(a > keep_above_bits, b, (b & u32(0x80000000)) | mag), "float32")
+    return bitcast(select(a > keep_above_bits, b, (b & u32(0x80000000)) | mag), "float32")

@@ -41,6 +41,23 @@ def group_tile_shape(vector: bool, rows: int, groups: int) -> tuple[int, int]:
     return rows + -(-(LANES - padded) // padded), padded
 
 
+def lane_table_length(vector: bool, n: int) -> int:
+    """Length of a 1-D tile of ``n`` group values that ``at.group`` reads (padded in vector code)."""
+    return n + LANES if vector else n
+
+
+def deinterleave(a: Vec, b: Vec) -> tuple[Vec, Vec]:
+    """The even and the odd lanes of the 128 lanes ``a, b``, each in order in one register."""
+    even, odd = simd().vdintlv(a.expr, b.expr)
+    return keep(Vec(even)), keep(Vec(odd))
+
+
+def interleave(a: Vec, b: Vec) -> tuple[Vec, Vec]:
+    """``a[0], b[0], a[1], b[1], ...``: the first 64 of the 128 lanes, then the last 64."""
+    low, high = simd().vintlv(a.expr, b.expr)
+    return keep(Vec(low)), keep(Vec(high))
+
+
 def _flat(tile, index: int):
     """The element of a row-major 2-D ``tile`` at flat position ``index``."""
     cols = tile.shape[1]
@@ -86,12 +103,15 @@ class ChunkAt:
         return load(tile[(*self.head, self.col0)])
 
     def group(self, tile, size: int, row=None):
-        """``tile[..., (col0 + lane) // size]`` per lane: the row's group values (at most ``LANES``,
-        from the start of the row) gathered into the lanes of their groups."""
+        """``tile[..., (col0 + lane) // size]`` per lane (``size`` a power of two): the register of
+        group values from the chunk's first group (rounded down to 32 bytes) on, gathered into the
+        lanes of their groups. Tiles read this way hold one register past their last group
+        (``group_tile_shape``, ``lane_table_length``)."""
         head = self.head if row is None else (row,)
-        groups = load(tile[(*head, 0)])
-        index = bitcast(self.column() >> int(size).bit_length() - 1, "uint32")
-        return _gather(groups, index)
+        shift = int(size).bit_length() - 1
+        base = (self.col0 >> shift) // 8 * 8
+        groups = load(tile[(*head, base)])
+        return _gather(groups, bitcast((self.column() >> shift) - base, "uint32"))
 
     def column(self):
         return Vec.lane_index(self.col0)
@@ -190,19 +210,17 @@ def _elementwise_rows(rows: int, cols: int, value, outs, pack_e2m1: bool, fp4_ti
 
 
 def _pair_of_chunks(outs, value, r, col0, pack_e2m1: bool, fp4_tiles: tuple):
-    S = simd()
     low_codes, high_codes = {}, {}
     for tile in fp4_tiles:
         packed = keep(load(tile[r, col0 // 2]))
         # Element 2k is the low nibble of byte k: interleaving the nibbles restores element order.
-        low, high = S.vintlv((packed & 0xF).expr, (packed >> 4).expr)
-        low_codes[tile], high_codes[tile] = keep(Vec(low)), keep(Vec(high))
+        low_codes[tile], high_codes[tile] = interleave(packed & 0xF, packed >> 4)
     low = value(ChunkAt((r,), col0, low_codes))
     high = value(ChunkAt((r,), col0 + LANES, high_codes))
     if pack_e2m1:
         # Even and odd elements of the 128 -> one byte per pair.
-        even, odd = S.vdintlv(low.expr, high.expr)
-        T.evaluate(store(outs[0][r, col0 // 2], F.e2m1_pack(Vec(even), Vec(odd))))
+        even, odd = deinterleave(low, high)
+        T.evaluate(store(outs[0][r, col0 // 2], F.e2m1_pack(even, odd)))
     else:
         _store_chunk(outs, low, (r, col0))
         _store_chunk(outs, high, (r, col0 + LANES))
@@ -256,7 +274,7 @@ def elementwise(vector: bool, shape, value, outs, *, pack_e2m1: bool = False, fp
         if pack_e2m1 or cols % LANES:
             raise ValueError(f"no vector form for a {cols}-element phase (pack_e2m1={pack_e2m1})")
         _elementwise_chunks_1d(cols, value, outs)
-        _phase_barrier()
+        phase_barrier()
         return
     rows, cols = shape
     if not vector:
@@ -271,10 +289,10 @@ def elementwise(vector: bool, shape, value, outs, *, pack_e2m1: bool = False, fp
         raise ValueError(f"no vector form for a {rows}x{cols} element-wise phase "
                          f"(pack_e2m1={pack_e2m1}, {len(fp4_tiles)} FP4 tiles)")
     if vector:
-        _phase_barrier()
+        phase_barrier()
 
 
-def _phase_barrier():
+def phase_barrier():
     # Vector loads and stores are separate pipelines within a SIMD region, ordered only through
     # shared registers: the next phase's loads (and stores) wait for this phase's accesses.
     T.evaluate(simd().mem_bar("VV_ALL"))
@@ -336,7 +354,7 @@ def segment_reduce(vector: bool, acc, shape, seg_len: int, value, op: str, init)
         _segment_reduce_long(acc, rows, segments, seg_len, value, op, segment_masks(LANES)[0])
     else:
         raise ValueError(f"no vector form for segments of {seg_len} lanes")
-    _phase_barrier()
+    phase_barrier()
 
 
 @T.macro
@@ -373,4 +391,4 @@ def column_reduce(vector: bool, acc, src, shape, op: str, init):
     if op not in ("max", "min") or cols > LANES:
         raise ValueError(f"no vector form for a {op!r} over the rows of {cols} columns")
     _column_reduce_vector(acc, src, rows, op)
-    _phase_barrier()
+    phase_barrier()
