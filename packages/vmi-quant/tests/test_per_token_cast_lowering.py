@@ -1,8 +1,7 @@
 """per_token_cast lowers for ascend and cuda in every supported configuration.
 
 Ascend: the generated AscendC has DMA in and out and exactly the vector regions the
-README's "differences by target" table lists: for plain inputs without stochastic rounding,
-one SIMD region (real vector instructions, no scalar UB access) and one SIMT region for the
+README's "differences by target" table lists: for plain inputs, one SIMD region (real vector instructions, no scalar UB access) and one SIMT region for the
 SF at computed addresses; otherwise one SIMT region per work tile. CUDA: the source
 compiles with nvcc for an explicit arch.
 """
@@ -33,9 +32,9 @@ def _quant_input(flavor, in_sf_mode, x_block, col_major=False):
 
 
 def expected_regions(spec) -> dict:
-    """Plain inputs without stochastic rounding: scales and data in one SIMD region, the SF read or
-    written at computed addresses in one SIMT region; otherwise one SIMT region."""
-    vector = spec.quant_input is None and not spec.stochastic
+    """Plain inputs: scales and data in one SIMD region, the SF read or written at computed
+    addresses in one SIMT region; quantized inputs: one SIMT region."""
+    vector = spec.quant_input is None
     return dict(simd=1 if vector else 0, simt=1)
 
 

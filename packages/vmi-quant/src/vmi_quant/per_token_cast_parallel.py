@@ -15,8 +15,8 @@ Per tile:
    packed words are never touched).
 
 On Ascend, phases 2-4 of plain inputs run as explicit vector code (a SIMD region,
-``vmi_core.tl.vector``); the SF gathers and scatters at computed addresses, quantized inputs
-and stochastic rounding run in SIMT regions.
+``vmi_core.tl.vector``; with stochastic rounding a row's 32 quads are hashed in one register);
+the SF gathers and scatters at computed addresses and quantized inputs run in SIMT regions.
 """
 
 
@@ -32,8 +32,9 @@ from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
-from vmi_core.tl.simd import select
-from vmi_core.tl.vector import ElementAt, decode
+from vmi_core.tl.simd import LANES, Vec, bitcast, keep, select
+from vmi_core.tl.stochastic import sr_mix, sr_random16_at, stochastic_round
+from vmi_core.tl.vector import ChunkAt, ElementAt, decode, deinterleave, gather, phase_barrier, store
 
 from .kernel_common import (
     KERNEL_DTYPE,
@@ -107,10 +108,9 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
     num_sf_cols = T.ceildiv(K, npc)
 
     bk_in = 1 if qin is None else qin.block_k
-    # Plain inputs without stochastic rounding run their amax, scale and quantize phases as
-    # vector code on Ascend; quantized inputs (input-SF blocks of any width, FP4 nibbles) and
-    # stochastic rounding (per-quad hashing) stay SIMT.
-    vector_kind = SIMD if qin is None and not spec.stochastic else SIMT
+    # Plain inputs run their amax, scale and quantize phases as vector code on Ascend; quantized
+    # inputs (input-SF blocks of any width, FP4 nibbles) stay SIMT.
+    vector_kind = SIMD if qin is None else SIMT
 
     def input_scale(s_in, k0, i, col):
         return s_in[i, (k0 + col) // bk_in - k0 // bk_in]
@@ -148,9 +148,36 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
             sf_inv[i, g] = T.float32(1.0) / load_scale(spec.sf_layout, SF, T.min(row0 + i, M - 1), k0 // npc + g,
                                                         sf_sm, sf_sk)
 
+    def quantize_stochastic_row(x, s_in, sf_inv, k0, q, r):
+        """Vector form of a row's ``encode_stochastic_quad`` calls: the row's 32 quads hashed in
+        lanes 0..31 (two rounds of deinterleaving put each quad's elements in one lane), each
+        element's 16-bit number gathered from its quad's lane."""
+        low = keep(scaled(x, s_in, sf_inv, k0, ChunkAt((r,), 0)))
+        high = keep(scaled(x, s_in, sf_inv, k0, ChunkAt((r,), LANES)))
+        even, odd = deinterleave(low, high)
+        y0, y2 = deinterleave(even, even)
+        y1, y3 = deinterleave(odd, odd)
+        counter = bitcast(Vec.lane_index(k0 // 4), "uint32")
+        h = keep(sr_mix(F.f32_bits(y0), F.f32_bits(y1), F.f32_bits(y2), F.f32_bits(y3), counter))
+        codes = []
+        for y, col0 in ((low, 0), (high, LANES)):
+            lane = bitcast(Vec.lane_index(col0), "uint32")
+            r16 = sr_random16_at(gather(h, lane >> F.u32(2)), lane & F.u32(3))
+            codes.append(encode(fmt, stochastic_round(y, r16, fmt)))
+        if fmt == "e4m3":
+            T.evaluate(store(q[r, 0], codes[0]))
+            T.evaluate(store(q[r, LANES], codes[1]))
+        else:
+            even_codes, odd_codes = deinterleave(codes[0], codes[1])
+            T.evaluate(store(q[r, 0], F.e2m1_pack(even_codes, odd_codes)))
+
     @T.macro
     def quantize(x, s_in, sf_inv, k0, q):
-        if spec.stochastic:
+        if spec.stochastic and sh.in_simd:
+            for r in T.serial(BM):
+                quantize_stochastic_row(x, s_in, sf_inv, k0, q, r)
+            phase_barrier()
+        elif spec.stochastic:
             for i, qd in T.Parallel(BM, BK // 4):
                 encode_stochastic_quad(fmt, scaled(x, s_in, sf_inv, k0, ElementAt((i,), 4 * qd)),
                                        scaled(x, s_in, sf_inv, k0, ElementAt((i,), 4 * qd + 1)),

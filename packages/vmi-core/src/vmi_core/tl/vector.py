@@ -111,7 +111,7 @@ class ChunkAt:
         shift = int(size).bit_length() - 1
         base = (self.col0 >> shift) // 8 * 8
         groups = load(tile[(*head, base)])
-        return _gather(groups, bitcast((self.column() >> shift) - base, "uint32"))
+        return gather(groups, bitcast((self.column() >> shift) - base, "uint32"))
 
     def column(self):
         return Vec.lane_index(self.col0)
@@ -154,7 +154,8 @@ def store(ref, value: Vec):
     return S.vsts(ref, bitcast(value, "uint32").expr, dist=_STORE_DIST[dtype])
 
 
-def _gather(src: Vec, index: Vec) -> Vec:
+def gather(src: Vec, index: Vec) -> Vec:
+    """``src[index[lane]]`` per lane (indices of uint32 lanes, below ``LANES``)."""
     return Vec(simd().vselr(src.expr, index.expr))
 
 
