@@ -1,8 +1,9 @@
 """per_token_cast lowers for ascend and cuda in every supported configuration.
 
 Ascend: the generated AscendC has DMA in and out and exactly the vector regions the
-README's "differences by target" table lists: for plain inputs, one SIMD region (real vector instructions, no scalar UB access) and one SIMT region for the
-SF at computed addresses; otherwise one SIMT region per work tile. CUDA: the source
+README's "differences by target" table lists: for plain inputs, one SIMD region (real
+vector instructions, no scalar UB access) and one SIMT region for the SF at computed
+addresses; otherwise one SIMT region per work tile. CUDA: the source
 compiles with nvcc for an explicit arch.
 """
 
