@@ -217,6 +217,23 @@ def test_per_token_cast(case):
     _check_per_token_cast(case, "cpu")
 
 
+@pytest.mark.parametrize("fmt,sf_mode", [("e2m1", "pow2"), ("e4m3", "fp32")])
+def test_stochastic_cast_of_a_nan_product(fmt, sf_mode):
+    # An inf in a group with a power-of-two SF makes `inf · 0` NaN (negative on x86): that NaN has no
+    # defined sign, so it is made +NaN before the quad hash and the rounding (E2M1 +6, never -6).
+    x = randn((3, 64), 9).to(torch.bfloat16)
+    x[0, 0] = float("inf")
+    x[1, 5] = float("nan")
+    options = _options(sf_mode)
+    got = per_token_cast(x, fmt, 16, stochastic_cast=True, target="cpu", flavor="ascend", **options)
+    expected = per_token_cast(x, fmt, 16, stochastic_cast=True, target="torch", flavor="ascend", **options)
+    _assert_same(got, expected, f"stochastic {fmt} {sf_mode}")
+    nan_code = {"e4m3": 0x7F, "e2m1": 0x7}[fmt]
+    codes = _codes(got[0], fmt)
+    assert codes[0, 0] == nan_code
+    assert codes[1, 5] == nan_code
+
+
 def test_per_token_cast_with_sf_only():
     # Packed int16 words: round_sf, the exponent bytes 0 (NaN) and 255 (inf).
     sf_mode, fmt, flavor = "packed", "e2m1", "ascend"

@@ -146,10 +146,11 @@ def encode_stochastic_quad(fmt: str, y0, y1, y2, y3, counter, out, i, col):
     v2 = T.alloc_var("float32")
     v3 = T.alloc_var("float32")
     h = T.alloc_var("uint32")
-    v0 = y0
-    v1 = y1
-    v2 = y2
-    v3 = y3
+    # A NaN product has no defined sign: +NaN before it feeds the hash (as the reference does).
+    v0 = canonical_nan(y0)
+    v1 = canonical_nan(y1)
+    v2 = canonical_nan(y2)
+    v3 = canonical_nan(y3)
     h = sr_mix(T.reinterpret(v0, "uint32"), T.reinterpret(v1, "uint32"), T.reinterpret(v2, "uint32"),
                T.reinterpret(v3, "uint32"), counter)
     if fmt == "e4m3":

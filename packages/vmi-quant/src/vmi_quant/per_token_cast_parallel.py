@@ -39,6 +39,7 @@ from vmi_core.tl.vector import ChunkAt, ElementAt, decode, deinterleave, gather,
 from .kernel_common import (
     KERNEL_DTYPE,
     ScaleRule,
+    canonical_nan,
     encode,
     encode_stochastic_quad,
     load_scale,
@@ -152,8 +153,8 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
         """Vector form of a row's ``encode_stochastic_quad`` calls: the row's 32 quads hashed in
         lanes 0..31 (two rounds of deinterleaving put each quad's elements in one lane), each
         element's 16-bit number gathered from its quad's lane."""
-        low = keep(scaled(x, s_in, sf_inv, k0, ChunkAt((r,), 0)))
-        high = keep(scaled(x, s_in, sf_inv, k0, ChunkAt((r,), LANES)))
+        low = keep(canonical_nan(scaled(x, s_in, sf_inv, k0, ChunkAt((r,), 0))))
+        high = keep(canonical_nan(scaled(x, s_in, sf_inv, k0, ChunkAt((r,), LANES))))
         even, odd = deinterleave(low, high)
         y0, y2 = deinterleave(even, even)
         y1, y3 = deinterleave(odd, odd)

@@ -218,11 +218,12 @@ def cast(x, fmt: str, block_size, sf: torch.Tensor | None = None, x_block_size=N
         y = values * (sf_in * multiplier)
     else:
         y = xf * multiplier
+    # A NaN product has no defined sign: make it +NaN before it feeds the stochastic-rounding hash
+    # and the encoder (E4M3 0x7F, E2M1 +6).
+    y = canonical_nan(y)
     if stochastic:
         counters = torch.arange(w // 4, dtype=torch.int64, device=y.device).expand(h, w // 4)
         y = stochastic_round(y, fmt, random16(y, counters))
-    # A NaN product has no defined sign: encode it as +NaN (E4M3 0x7F, E2M1 +6).
-    y = canonical_nan(y)
     if fmt == "e4m3":
         data = _canonical(e4m3_encode(y).view(torch.float8_e4m3fn))
     else:
