@@ -3,12 +3,17 @@
 The source TileLang lowers for ``ascend`` (same pass configs, same text) is compiled
 with the host C++ compiler against vmi-core's model of the Ascend 950 vector core
 (``include/vmi_ascend_sim``: Unified Buffer, DMA, pipes and events, SIMT threads with
-barriers), then run on CPU tensors. It is a simulation from documented semantics, not
-an NPU run; the assumptions it rests on are listed in vmi-core's README.
+barriers, the SIMD vector unit), then run on CPU tensors. It is a simulation from
+documented semantics, not an NPU run; the assumptions it rests on are listed in
+vmi-core's README.
 
 Before compiling, every ``__ubuf__ T*`` of the source becomes ``ub_ptr<T>`` and every
 ``__gm__ T*`` becomes ``gm_ptr<T>`` (bounds-checked pointers), and the TileLang
-template includes become the model's header; nothing else of the text changes.
+template includes become the model's header, except TileLang's own SIMD wrapper header
+(``simd_inst.h``), which is compiled as shipped, with the same pointer rewrite, against
+the model's C API (``include/c_api/asc_simd.h``). Each ``__simd_vf__`` function becomes a
+launcher that issues its body on the V pipe with the arguments of the call, as the
+hardware runs a vector function; nothing else of the text changes.
 
 Environment:
 
@@ -30,7 +35,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import tilelang  # noqa: F401  (puts TileLang's tvm on the path)
+import tilelang  # also puts TileLang's tvm on the path
 import torch
 from tvm.tirx import IntImm, Var
 
@@ -52,12 +57,16 @@ UB_BYTES_WITH_SIMT = 216 * 1024
 
 _KERNEL_SIGNATURE = re.compile(r'extern "C" __global__ __vector__ void (\w+)\(([^)]*)\)')
 _TEMPLATE_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/[^>]*>\s*$", re.M)
+_SIMD_INST_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/ascend/simd_inst\.h>\s*$", re.M)
+SIMD_INST_HEADER = Path(tilelang.__file__).resolve().parent / "src" / "tl_templates" / "ascend" / "simd_inst.h"
+_SIMD_VF = re.compile(r"__simd_vf__ inline void (\w+)\(([^)]*)\) \{")
 _UB_POINTER = re.compile(r"__ubuf__\s+(\w+)\s*\*")
 _GM_POINTER = re.compile(r"__gm__\s+(\w+)\s*\*")
 _TORCH_DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
     "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
     "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64, "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
 }
 _INT_RANGES = {"int32_t": (-2**31, 2**31 - 1), "int64_t": (-2**63, 2**63 - 1), "uint32_t": (0, 2**32 - 1),
                "int": (-2**31, 2**31 - 1)}
@@ -99,15 +108,33 @@ def kernel_signature(source: str) -> tuple[str, list[KernelParam]]:
     return match.group(1), params
 
 
+def _rewrite_pointers(text: str) -> str:
+    text = _UB_POINTER.sub(r"::ascend_sim::ub_ptr<\1> ", text)
+    text = _GM_POINTER.sub(r"::ascend_sim::gm_ptr<\1> ", text)
+    for qualifier in ("__ubuf__", "__gm__", "__cbuf__"):
+        if qualifier in text:
+            raise AscendSimError(f"the source uses {qualifier} in a form the model does not rewrite")
+    return text
+
+
+def _simd_vf_launcher(match: re.Match) -> str:
+    """A vector function's definition as a launcher (what the kernel calls) and its body."""
+    name, params = match.group(1), match.group(2)
+    names = ", ".join(p.split()[-1] for p in params.split(",") if p.strip())
+    launch = f"::ascend_sim::simd_vf_call(\"{name}\", [=] {{ {name}_body({names}); }});"
+    return (f"inline void {name}_body({params});\n"
+            f"inline void {name}({params}) {{ {launch} }}\n"
+            f"inline void {name}_body({params}) {{")
+
+
 def prepare_source(source: str) -> str:
     """The emitted source as the model compiles it, with its launch entry appended."""
     name, params = kernel_signature(source)
-    body = _TEMPLATE_INCLUDE.sub("", source)
-    body = _UB_POINTER.sub(r"::ascend_sim::ub_ptr<\1> ", body)
-    body = _GM_POINTER.sub(r"::ascend_sim::gm_ptr<\1> ", body)
-    for qualifier in ("__ubuf__", "__gm__", "__cbuf__"):
-        if qualifier in body:
-            raise AscendSimError(f"the source uses {qualifier} in a form the model does not rewrite")
+    body = _SIMD_INST_INCLUDE.sub(lambda _: SIMD_INST_HEADER.read_text(), source, count=1)
+    body = _rewrite_pointers(_TEMPLATE_INCLUDE.sub("", body))
+    body = _SIMD_VF.sub(_simd_vf_launcher, body)
+    if "__simd_vf__" in body:
+        raise AscendSimError("the source declares a __simd_vf__ function in a form the model does not rewrite")
     args = []
     for i, p in enumerate(params):
         if p.is_pointer:
@@ -134,7 +161,7 @@ extern "C" __attribute__((visibility("default"))) int vmi_ascend_sim_launch(
 @functools.cache
 def _toolchain_identity() -> str:
     version = subprocess.run([CXX, "--version"], capture_output=True, text=True, check=True).stdout
-    headers = sorted((INCLUDE_DIR / "vmi_ascend_sim").glob("*.h"))
+    headers = sorted(INCLUDE_DIR.rglob("*.h"))
     return version + "".join(h.read_text() for h in headers) + " ".join(CXX_FLAGS)
 
 

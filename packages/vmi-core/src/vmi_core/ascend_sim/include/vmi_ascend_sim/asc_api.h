@@ -44,7 +44,6 @@ VMI_ASCEND_SIM_VECTOR_TYPES(uint32_t, uint2, uint4)
 enum asc_load_l2_cache_mode { ASC_LOAD_L2_DISABLE = 0, ASC_LOAD_L2_NORMAL = 1, ASC_LOAD_L2_LAST = 2 };
 enum asc_store_l2_cache_mode { ASC_STORE_L2_DISABLE = 0, ASC_STORE_L2_NORMAL = 1, ASC_STORE_L2_LAST = 2 };
 
-#define block_idx (::ascend_sim::L.core)
 #define threadIdx (::ascend_sim::thread_idx())
 #define asc_syncthreads() ::ascend_sim::syncthreads(__LINE__)
 
@@ -63,6 +62,13 @@ inline std::common_type_t<A, B> min(A a, B b) {
   if constexpr (std::is_floating_point_v<C>) return std::fmin((C)a, (C)b);
   else return (C)a < (C)b ? (C)a : (C)b;
 }
+
+// The running core. An object rather than a macro: TileLang passes it to __simd_vf__
+// functions as a parameter of the same name, which then shadows it.
+struct BlockIdx {
+  operator int32_t() const { return ascend_sim::L.core; }
+};
+inline constexpr BlockIdx block_idx{};
 
 inline void asc_init() {}
 
