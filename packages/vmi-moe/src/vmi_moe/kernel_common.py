@@ -19,7 +19,7 @@ writes agree.
 import tilelang.language as T
 
 from vmi_core.tl import formats as F
-from vmi_core.tl.softplus import fma
+from vmi_core.tl.simd import absolute, bitcast, fma, keep, minimum, select
 
 # Tokens per work tile: the largest power of two up to 128 whose double-buffered row
 # tiles fit the UB budget, so narrow gates keep more SIMT threads busy and wide ones fit.
@@ -136,9 +136,8 @@ def ordered_sum(terms: list, order: str):
     return terms[0]
 
 
-@T.macro
 def quotient(w, d, checked: bool):
-    """``w / d``, correctly rounded.
+    """``w / d``, correctly rounded (lane-generic).
 
     With ``checked`` (devices whose division is only nearly correct) a finite non-zero
     quotient is replaced by its neighbour below or above (by bit pattern) when that one's residual
@@ -146,20 +145,16 @@ def quotient(w, d, checked: bool):
     a correctly rounded quotient has the smallest residual, and keeps it on the exact
     ties of the subnormal range.
     """
-    q = T.alloc_var("float32")
-    q = w / d
-    if checked:
-        magnitude = T.alloc_var("int32")
-        lower = T.alloc_var("float32")
-        upper = T.alloc_var("float32")
-        err = T.alloc_var("float32")
-        # Zeros, infinities and NaN stay as divided (their neighbours by bits are no candidates).
-        magnitude = T.reinterpret(q, "int32") & 0x7FFFFFFF
-        if magnitude > 0 and magnitude < 0x7F800000:
-            lower = F.f32_from_bits(F.f32_bits(q) - F.u32(1))
-            upper = F.f32_from_bits(F.f32_bits(q) + F.u32(1))
-            err = T.abs(fma(q, -d, w))
-            q = T.Select(T.abs(fma(lower, -d, w)) < err, lower, q)
-            err = T.min(err, T.abs(fma(lower, -d, w)))
-            q = T.Select(T.abs(fma(upper, -d, w)) < err, upper, q)
-    return q
+    if not checked:
+        return w / d
+    w = keep(w)
+    q = keep(w / d)
+    # Zeros, infinities and NaN stay as divided (their neighbours by bits are no candidates).
+    magnitude = keep(bitcast(q, "int32") & 0x7FFFFFFF)
+    lower = keep(F.f32_from_bits(F.f32_bits(q) - F.u32(1)))
+    upper = keep(F.f32_from_bits(F.f32_bits(q) + F.u32(1)))
+    err = keep(absolute(fma(q, -d, w)))
+    err_lower = keep(absolute(fma(lower, -d, w)))
+    pick = keep(select(err_lower < err, lower, q))
+    pick = select(absolute(fma(upper, -d, w)) < minimum(err, err_lower), upper, pick)
+    return select((magnitude > 0) & (magnitude < 0x7F800000), pick, q)

@@ -158,6 +158,9 @@ class Vec:
         # Logical for uint32 lanes, arithmetic for int32, as the scalar ``>>``.
         return self._binary(other, "vshr", "vshrs")
 
+    def __neg__(self):
+        return Vec(simd().vneg(self.expr))
+
     def _compare(self, other, op: str) -> Pred:
         S = simd()
         if isinstance(other, Vec):
@@ -248,6 +251,24 @@ def cast(value, dtype: str):
         # Values that reach this conversion are small integers, exact in both types.
         return Vec(simd().vcvt(bitcast(value, "int32").expr if src == "uint32" else value.expr, dtype))
     return bitcast(value, dtype)
+
+
+def fma(a, b, c):
+    """``a * b + c`` with one rounding (fp32): ``fmaf`` on scalars, ``vmula`` on vectors."""
+    if not any(isinstance(v, Vec) for v in (a, b, c)):
+        return T.call_pure_extern("float32", "fmaf", a, b, c)
+    a, b, c = (v if isinstance(v, Vec) else Vec.splat(v, "float32") for v in (a, b, c))
+    acc = simd().alloc_var("float32")
+    T.buffer_store(acc, c.expr, [0])
+    T.evaluate(simd().vmula(acc[0], a.expr, b.expr))
+    return Vec(acc[0])
+
+
+def absolute(value):
+    """``|value|`` (float or signed integer lanes)."""
+    if isinstance(value, Vec):
+        return Vec(simd().vabs(value.expr))
+    return T.abs(value)
 
 
 def widen(value):

@@ -37,6 +37,7 @@ import tilelang.language as T
 
 from ..targets import get_flavor
 from .formats import f32_const
+from .simd import fma
 
 SQRT_LN2 = 0.8325546383857727
 """fp32(sqrt(ln 2)) exactly: y(0), and the constant term G0 of the Ascend polynomial."""
@@ -50,11 +51,6 @@ ASCEND_P = (4.71802573883906e-4, -4.226923920214176e-4, -8.536428504157811e-5, 2
 
 # Backward (§1.5): Q(u) coefficients q5 ... q0, highest degree first.
 BACKWARD_Q = (1.29130945e-4, -1.30112655e-3, 8.27621203e-3, -4.1647464e-2, 1.66663632e-1, -4.99999821e-1)
-
-
-def fma(a, b, c):
-    """``a * b + c`` with one rounding (fp32), on every target."""
-    return T.call_pure_extern("float32", "fmaf", a, b, c)
 
 
 def horner_fma(coeffs, t):

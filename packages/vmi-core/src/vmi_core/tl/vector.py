@@ -117,6 +117,72 @@ class ChunkAt:
         return Vec.lane_index(self.col0)
 
 
+class RowAt:
+    """One row ``i`` of a ``T.Parallel`` loop over rows (one lane per row)."""
+
+    vector = False
+
+    def __init__(self, i):
+        self.i = i
+
+    def load(self, tile, col):
+        return tile[self.i, col]
+
+    def store(self, tile, col, value):
+        T.buffer_store(tile, value, [self.i, col])
+
+    def store_row_value(self, tile, value):
+        """``tile[i] = value`` for a 1-D tile of per-row values."""
+        T.buffer_store(tile, value, [self.i])
+
+
+class RowsAt:
+    """``LANES`` consecutive rows ``row0 + lane`` of 2-D tiles, one row per lane: columns are read
+    and written by UB gathers and scatters (``row stride x lane`` offsets)."""
+
+    vector = True
+
+    def __init__(self, row0):
+        self.row0 = row0
+
+    def _offsets(self, tile):
+        return bitcast(Vec.lane_index(0) * int(tile.shape[1]), "uint32")
+
+    def load(self, tile, col):
+        return Vec(simd().vgather2(tile[self.row0, col], self._offsets(tile).expr))
+
+    def store(self, tile, col, value: Vec):
+        T.evaluate(simd().vscatter(bitcast(value, str(tile.dtype)).expr, tile[self.row0, col],
+                                   self._offsets(tile).expr))
+
+    def store_row_value(self, tile, value: Vec):
+        T.evaluate(store(tile[self.row0], value))
+
+
+@T.macro
+def _rowwise_scalar(rows: int, body):
+    for i in T.Parallel(rows):
+        body(RowAt(i))
+
+
+@T.macro
+def _rowwise_vector(rows: int, body):
+    for c in T.serial(rows // LANES):
+        body(RowsAt(c * LANES))
+
+
+def rowwise(vector: bool, rows: int, body):
+    """``body(at)`` for every row of a tile, one lane per row; ``body`` reads and writes through
+    ``at`` (``load``/``store`` of a column, ``store_row_value``). The vector form needs ``rows`` a
+    multiple of ``LANES`` and tiles whose rows are 32-byte multiples."""
+    if not vector:
+        return _rowwise_scalar(rows, body)
+    if rows % LANES:
+        raise ValueError(f"no vector form for {rows} rows (a multiple of {LANES} is needed)")
+    _rowwise_vector(rows, body)
+    phase_barrier()
+
+
 def decode(fmt: str, at, tile):
     """The element(s) at ``at`` of an input tile in ``fmt`` (``fp32``, ``bf16``, ``e4m3`` or
     ``e2m1``; narrow formats as integer bit views, FP4 two codes per byte) as fp32."""
