@@ -19,7 +19,7 @@ writes agree.
 import tilelang.language as T
 
 from vmi_core.tl import formats as F
-from vmi_core.tl.simd import absolute, bitcast, fma, keep, minimum, select
+from vmi_core.tl.simd import LaneVar, absolute, bitcast, fma, keep, maximum, minimum, select
 
 # Tokens per work tile: the largest power of two up to 128 whose double-buffered row
 # tiles fit the UB budget, so narrow gates keep more SIMT threads busy and wide ones fit.
@@ -87,29 +87,27 @@ def pos_inf():
     return F.f32_from_bits(F.u32(_POS_INF_BITS))
 
 
-@T.macro
-def next_in_rank(key, i, n: int, last_value, last_column):
-    """Advance the pick ``(last_value[0], last_column[0])`` to the next entry of
-    ``key[i, :n]`` in rank order: descending key, equal keys by ascending column.
+def next_in_rank(at, key, n: int, last_value: LaneVar, last_column: LaneVar):
+    """Advance the pick ``(last_value, last_column)`` of the row at ``at`` to the next entry of
+    ``key[row, :n]`` in rank order: descending key, equal keys by ascending column.
 
-    ``last_value``/``last_column`` are one-element per-lane buffers (``T.alloc_local``),
-    started at ``(+inf, -1)``. A strict ``>`` scan in increasing column order over the
-    entries ranked after the last pick keeps the first maximum. The row is only read, at
-    loop-indexed columns: no lane reads where another writes, so a token's loop needs no
-    barrier.
+    The pick starts at ``(+inf, -1)``. A strict ``>`` scan in increasing column order over the
+    entries ranked after the last pick keeps the first maximum (lane-generic: one row per lane,
+    ``Shell.rowwise``). The row is only read, at loop-indexed columns: no lane reads where another
+    writes, so a token's loop needs no barrier.
     """
-    best = T.alloc_var("float32")
-    arg = T.alloc_var("int32")
-    best = neg_inf()
+    best = LaneVar(at.vector, "float32", neg_inf())
     # Kept only past the last finite key (bad input, flagged elsewhere): stay in the row.
-    arg = T.max(last_column[0], 0)
-    for e in T.serial(n):
-        if key[i, e] < last_value[0] or (key[i, e] == last_value[0] and e > last_column[0]):
-            if key[i, e] > best:
-                best = key[i, e]
-                arg = e
-    last_value[0] = best
-    last_column[0] = arg
+    arg = LaneVar(at.vector, "int32", maximum(last_column.get(), 0))
+    with T.serial(n) as e:
+        k = keep(at.load(key, e))
+        last = keep(last_value.get())
+        ranked_after = (k < last) | ((k == last) & (last_column.get() < e))
+        better = keep(ranked_after & (k > best.get()))
+        best.set(select(better, k, best.get()))
+        arg.set(select(better, e, arg.get()))
+    last_value.set(best.get())
+    last_column.set(arg.get())
 
 
 def ordered_sum(terms: list, order: str):

@@ -41,8 +41,10 @@ from vmi_core.targets import get_flavor
 from vmi_core.tl import formats as F
 from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.simd import LaneVar
 from vmi_core.tl.softplus import sqrt_softplus_forward
 from vmi_core.tl.stochastic import sr_mix, sr_word
+from vmi_core.tl.vector import RowAt
 
 from .kernel_common import (
     DENOM_EPS,
@@ -239,8 +241,8 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
                         count = T.alloc_var("int32")
                         replica = T.alloc_var("int32")
                         num_physical = T.alloc_var("int32")
-                        last_value = T.alloc_local((1,), "float32")
-                        last_column = T.alloc_local((1,), "int32")
+                        last_value = LaneVar(False, "float32", pos_inf())
+                        last_column = LaneVar(False, "int32", -1)
                         row = T.min(row0 + i, M - 1)
                         active = T.Cast("int32", cls[i] & ACTIVE != 0)
                         forced = T.Cast("int32", cls[i] & FORCED != 0)
@@ -258,11 +260,9 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
                                     STATUS[STATUS_BAD_INDEX] = 1
                                 sel[j] = clamp(un[i, 2 * j], 0, E - 1)
                         else:
-                            last_value[0] = pos_inf()
-                            last_column[0] = -1
                             for j in T.serial(K):
-                                next_in_rank(key, i, E, last_value, last_column)
-                                sel[j] = last_column[0]
+                                next_in_rank(RowAt(i), key, E, last_value, last_column)
+                                sel[j] = last_column.get()
 
                         # Weights: unbiased scores over their sum, then the scaling factor.
                         d = ordered_sum([x[i, clamp(sel[slot], 0, E - 1)] for slot in range(K)],

@@ -8,9 +8,9 @@ Work tiles of ``block_m`` tokens go round-robin to persistent workers. Per tile:
    among equals); the row is only read;
 3. DMA the indices out as int32 pairs (high words 0).
 
-The vector region is SIMT on Ascend: per-lane serial scans with compares, selects and
-data-dependent stores, which TileLang 0.1.15's SIMD lowering does not accept. The
-token count is a runtime value: one compiled kernel per ``(E, K)``.
+On Ascend step 2 runs as explicit vector code, one token per lane (``Shell.rowwise``:
+columns gathered from UB, the picks scattered), and a SIMT region writes the status word
+for flagged tokens. The token count is a runtime value: one compiled kernel per ``(E, K)``.
 """
 
 
@@ -21,7 +21,9 @@ import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
-from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl import formats as F
+from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.simd import LANES, LaneVar, cast
 
 from .kernel_common import (
     STATUS_NONFINITE,
@@ -57,6 +59,22 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
     BM = spec.block_m
     M = TK.dynamic("M")
 
+    def select_row(key, idx, bad, at):
+        nonfinite = LaneVar(at.vector, "int32", 0)
+        with T.serial(E) as e:
+            nonfinite.set(nonfinite.get() | cast(F.flag(is_nonfinite(at.load(key, e))), "int32"))
+        at.store_row_value(bad, nonfinite.get())
+        last_value = LaneVar(at.vector, "float32", pos_inf())
+        last_column = LaneVar(at.vector, "int32", -1)
+        with T.serial(K) as k:
+            next_in_rank(at, key, E, last_value, last_column)
+            at.store(idx, 2 * k, last_column.get())
+            at.store(idx, 2 * k + 1, 0)
+
+    @T.macro
+    def select_rows(key, idx, bad):
+        sh.rowwise(BM, lambda at: select_row(key, idx, bad, at))
+
     @TK.prim_func
     def topk_gate_kernel(SCORES: TK.Tensor((M, E), "float32"), IDX: TK.Tensor((M, 2 * K), "int32"),
                          STATUS: TK.Tensor((STATUS_WORDS,), "int32")):
@@ -66,39 +84,36 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
                 row0 = tm * BM
                 key = sh.tile((BM, padded(E)), "float32")
                 idx = sh.tile((BM, padded(2 * K)), "int32")
+                bad = sh.tile((max(BM, LANES),), "int32")
                 sh.buffer_versions({key: 2, idx: 2})
                 sh.copy(SCORES[row0, 0], key)
+                # The scans in vector code, one token per lane; the status word (a global store
+                # from flagged lanes) in SIMT.
+                with sh.vector(SIMD):
+                    select_rows(key, idx, bad)
                 with sh.vector(SIMT):
                     for i in T.Parallel(BM):
-                        bad = T.alloc_var("int32")
-                        bad = 0
-                        for e in T.serial(E):
-                            bad = bad | T.Cast("int32", is_nonfinite(key[i, e]))
                         # Rows past the token count hold stale data.
-                        if bad > 0 and row0 + i < M:
+                        if bad[i] > 0 and row0 + i < M:
                             STATUS[STATUS_NONFINITE] = 1
-                        last_value = T.alloc_local((1,), "float32")
-                        last_column = T.alloc_local((1,), "int32")
-                        last_value[0] = pos_inf()
-                        last_column[0] = -1
-                        for k in T.serial(K):
-                            next_in_rank(key, i, E, last_value, last_column)
-                            idx[i, 2 * k] = last_column[0]
-                            idx[i, 2 * k + 1] = 0
                 sh.copy(idx, IDX[row0, 0])
 
     return topk_gate_kernel
 
 
+# The SIMD region is explicit vector code.
+KERNEL_CONFIG = {"simd_parallel": False}
+
+
 def topk_gate_source(spec: TopkGateSpec, target: str) -> str:
     """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
-    return kernel_source(build_topk_gate, spec, target)
+    return kernel_source(build_topk_gate, spec, target, **KERNEL_CONFIG)
 
 
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_moe.topk_gate.TopkGateCall``) on ``target``."""
     spec = call.spec
-    kernel = cached_kernel(build_topk_gate, spec, target)
+    kernel = cached_kernel(build_topk_gate, spec, target, **KERNEL_CONFIG)
     idx = call.topk_idx.view(torch.int32)
 
     def run(start: int, stop: int) -> None:

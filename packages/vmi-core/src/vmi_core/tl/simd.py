@@ -253,6 +253,24 @@ def cast(value, dtype: str):
     return bitcast(value, dtype)
 
 
+class LaneVar:
+    """A mutable lane value (a scalar ``T.alloc_var`` or a vector register variable), for values
+    that loops update: ``get()`` reads it, ``set(value)`` writes it."""
+
+    def __init__(self, vector: bool, dtype: str, init):
+        self.vector, self.dtype = vector, dtype
+        self.buffer = simd().alloc_var(dtype) if vector else T.alloc_var(dtype)
+        self.set(init)
+
+    def get(self):
+        return Vec(self.buffer[0]) if self.vector else self.buffer[0]
+
+    def set(self, value) -> None:
+        if self.vector:
+            value = (value if isinstance(value, Vec) else Vec.splat(value, self.dtype)).expr
+        T.buffer_store(self.buffer, value, [0])
+
+
 def fma(a, b, c):
     """``a * b + c`` with one rounding (fp32): ``fmaf`` on scalars, ``vmula`` on vectors."""
     if not any(isinstance(v, Vec) for v in (a, b, c)):

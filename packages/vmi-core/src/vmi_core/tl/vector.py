@@ -135,52 +135,40 @@ class RowAt:
         """``tile[i] = value`` for a 1-D tile of per-row values."""
         T.buffer_store(tile, value, [self.i])
 
+    def row(self):
+        return self.i
+
 
 class RowsAt:
     """``LANES`` consecutive rows ``row0 + lane`` of 2-D tiles, one row per lane: columns are read
-    and written by UB gathers and scatters (``row stride x lane`` offsets)."""
+    and written by UB gathers and scatters (``row stride x lane`` offsets). With fewer rows than
+    lanes, ``mask`` keeps the lanes past them out of every access."""
 
     vector = True
 
-    def __init__(self, row0):
-        self.row0 = row0
+    def __init__(self, row0, mask: Pred | None = None):
+        self.row0, self.mask = row0, mask
 
     def _offsets(self, tile):
         return bitcast(Vec.lane_index(0) * int(tile.shape[1]), "uint32")
 
-    def load(self, tile, col):
-        return Vec(simd().vgather2(tile[self.row0, col], self._offsets(tile).expr))
+    def _mask(self):
+        return None if self.mask is None else self.mask.expr
 
-    def store(self, tile, col, value: Vec):
+    def load(self, tile, col):
+        return Vec(simd().vgather2(tile[self.row0, col], self._offsets(tile).expr, self._mask()))
+
+    def store(self, tile, col, value):
+        value = value if isinstance(value, Vec) else Vec.splat(value, str(tile.dtype))
         T.evaluate(simd().vscatter(bitcast(value, str(tile.dtype)).expr, tile[self.row0, col],
-                                   self._offsets(tile).expr))
+                                   self._offsets(tile).expr, self._mask()))
 
     def store_row_value(self, tile, value: Vec):
-        T.evaluate(store(tile[self.row0], value))
+        T.evaluate(simd().vsts(tile[self.row0], bitcast(value, str(tile.dtype)).expr, self._mask(),
+                               dist="NORM_B32"))
 
-
-@T.macro
-def _rowwise_scalar(rows: int, body):
-    for i in T.Parallel(rows):
-        body(RowAt(i))
-
-
-@T.macro
-def _rowwise_vector(rows: int, body):
-    for c in T.serial(rows // LANES):
-        body(RowsAt(c * LANES))
-
-
-def rowwise(vector: bool, rows: int, body):
-    """``body(at)`` for every row of a tile, one lane per row; ``body`` reads and writes through
-    ``at`` (``load``/``store`` of a column, ``store_row_value``). The vector form needs ``rows`` a
-    multiple of ``LANES`` and tiles whose rows are 32-byte multiples."""
-    if not vector:
-        return _rowwise_scalar(rows, body)
-    if rows % LANES:
-        raise ValueError(f"no vector form for {rows} rows (a multiple of {LANES} is needed)")
-    _rowwise_vector(rows, body)
-    phase_barrier()
+    def row(self):
+        return Vec.lane_index(self.row0)
 
 
 def decode(fmt: str, at, tile):
@@ -458,4 +446,32 @@ def column_reduce(vector: bool, acc, src, shape, op: str, init):
     if op not in ("max", "min") or cols > LANES:
         raise ValueError(f"no vector form for a {op!r} over the rows of {cols} columns")
     _column_reduce_vector(acc, src, rows, op)
+    phase_barrier()
+
+
+@T.macro
+def _rowwise_scalar(rows: int, body):
+    for i in T.Parallel(rows):
+        body(RowAt(i))
+
+
+@T.macro
+def _rowwise_vector(rows: int, body):
+    for c in T.serial(rows // LANES):
+        body(RowsAt(c * LANES))
+
+
+def rowwise(vector: bool, rows: int, body):
+    """``body(at)`` for every row of a tile, one lane per row; ``body`` reads and writes through
+    ``at`` (``load``/``store`` of a column, ``store_row_value``, ``row``). The vector form takes
+    ``rows`` a multiple of ``LANES``, or fewer (the lanes past them masked), and tiles whose rows
+    are 32-byte multiples."""
+    if not vector:
+        return _rowwise_scalar(rows, body)
+    if rows < LANES:
+        body(RowsAt(0, keep(Vec.lane_index(0) < rows)))
+    elif rows % LANES == 0:
+        _rowwise_vector(rows, body)
+    else:
+        raise ValueError(f"no vector form for {rows} rows (fewer than {LANES}, or a multiple)")
     phase_barrier()
