@@ -1,8 +1,9 @@
 """moe_topk_gate_backward lowers for ascend and cuda, with and without the auxiliary term.
 
-Ascend: the generated AscendC keeps the whole per-token body in one SIMT region (the
-README's SIMT exception: per-lane serial sums, scatters into the row and the derivative's
-branches), with no SIMD region; the score rows, index pairs, weights and weight
+Ascend: the generated AscendC runs the per-token statistics in a SIMT region, the one-hot
+route sum in a SIMD region (one token per vector lane) and the derivative in a second SIMT
+region (the README's "differences by target": status stores, gathers by expert index, the
+derivative's exp); the score rows, index pairs, weights and weight
 gradients (and, with the auxiliary term, the rows of ``grad_scores_sum``) come in by DMA
 and the gradient rows go out by DMA; the sequence rows and the mask are read only when the
 term is on; the workers are the vector cores. CUDA: the source compiles with nvcc.
@@ -32,7 +33,7 @@ _DMA_FROM = r"asc_copy_gm2ub_align\([^;]*\(&\({}\["
 
 def check_ascend_source(src: str, spec: GateBackwardSpec) -> None:
     assert "__global__ __vector__ void moe_topk_gate_backward_kernel" in src
-    assert_vector_regions(src, simd=0, simt=1)
+    assert_vector_regions(src, simd=1, simt=2)
     # Per-token loops run on fewer lanes than the region has threads: no barrier inside them.
     assert barriers_in_thread_guards(src) == 0
     gm_to_ub, ub_to_gm = dma_counts(src)

@@ -10,18 +10,18 @@ Work tiles of ``block_m`` tokens go round-robin to persistent workers. Per tile:
    ``(s * g_j - <g, w>) / D`` with ``D = sum(u_sel) + 1e-20``; with the auxiliary term,
    the token's own sequence row of ``h`` (``token // tokens_per_seq``, int32),
    ``U = sum(u)``, ``<h, u>`` and ``inv = mask ? 1 / U : 0``;
-3. one lane per (token, expert): the route terms of the slots holding the expert,
-   summed in slot order (duplicates of fixed routing add up; -1 slots contribute
-   nothing), plus ``(h - <h, u> inv) inv`` (cuda flavor) or ``h inv - <h, u> inv inv``
-   (ascend flavor), times ``d sqrt(softplus) / dx`` from ``u`` (flavor's formula;
-   exactly +0.0 at u = 0, so padded tokens give +0.0 everywhere);
-4. DMA the gradient rows out.
+3. per (token, expert): the route terms of the slots holding the expert, summed in
+   slot order (duplicates of fixed routing add up; -1 slots contribute nothing);
+4. one lane per (token, expert): plus ``(h - <h, u> inv) inv`` (cuda flavor) or
+   ``h inv - <h, u> inv inv`` (ascend flavor), times ``d sqrt(softplus) / dx`` from ``u``
+   (flavor's formula; exactly +0.0 at u = 0, so padded tokens give +0.0 everywhere);
+5. DMA the gradient rows out.
 
-The vector region is SIMT on Ascend: per-lane serial sums, gathers by expert index
-and the derivative's branches are not what TileLang 0.1.15's SIMD lowering of
-``T.Parallel`` accepts. No lane stores where another lane reads within a pass, so
-the only barriers are between the two passes. The token count, the sequence count
-and the tokens per sequence are runtime values.
+On Ascend step 3 (the one-hot sum) runs as explicit vector code, one token per lane
+(``Shell.rowwise``); steps 2 and 4 run in SIMT regions: per-token loops with global
+status stores, gathers by expert index, and the derivative's ``exp``. No lane stores
+where another lane reads within a pass, so the only barriers are between passes. The
+token count, the sequence count and the tokens per sequence are runtime values.
 """
 
 
@@ -34,7 +34,8 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import f32_const
-from vmi_core.tl.shell import SIMT, Shell
+from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.simd import LaneVar, select
 from vmi_core.tl.softplus import sqrt_softplus_backward
 
 from .kernel_common import DENOM_EPS, STATUS_BAD_INDEX, STATUS_WORDS, clamp, padded, row_bytes, row_chunks, tile_rows
@@ -66,6 +67,17 @@ def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
     flavor = get_flavor(spec.flavor)
     M = TK.dynamic("M")
     NSEQ = TK.dynamic("NSEQ")
+
+    def route_row(expert, delta, grad, at):
+        with T.serial(E) as e:
+            route = LaneVar(at.vector, "float32", f32_const(0.0))
+            for j in range(K):
+                route.set(route.get() + select(at.load(expert, j) == e, at.load(delta, j), f32_const(0.0)))
+            at.store(grad, e, route.get())
+
+    @T.macro
+    def route_terms(expert, delta, grad):
+        sh.rowwise(BM, lambda at: route_row(expert, delta, grad, at))
 
     @T.macro
     def body(SCORES, IDX, W, GW, MASK, H, OUT, STATUS, scale, row_base, tokens_per_seq):
@@ -136,13 +148,16 @@ def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
                             inv_t[i] = inv
                             shift_t[i] = -((hu * inv) * inv) if flavor.gate_aux_expanded else hu * inv
 
-                    # Per (token, expert): the route term summed over the slots holding the expert, in
-                    # slot order (fixed-routing duplicates add up), the auxiliary term, the derivative.
+                # Per (token, expert): the route term summed over the slots holding the expert, in
+                # slot order (fixed-routing duplicates add up), into the gradient tile; vector code,
+                # one token per lane.
+                with sh.vector(SIMD):
+                    route_terms(expert, delta, grad)
+                with sh.vector(SIMT):
+                    # Per (token, expert): the auxiliary term and the derivative.
                     for i, e in T.Parallel(BM, E):
                         route = T.alloc_var("float32")
-                        route = f32_const(0.0)
-                        for j in T.serial(K):
-                            route = route + T.Select(expert[i, j] == e, delta[i, j], f32_const(0.0))
+                        route = grad[i, e]
                         if spec.has_aux:
                             aux = T.alloc_var("float32")
                             if flavor.gate_aux_expanded:
@@ -173,15 +188,19 @@ def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
     return moe_topk_gate_backward_kernel
 
 
+# The SIMD region is explicit vector code.
+KERNEL_CONFIG = {"simd_parallel": False}
+
+
 def moe_topk_gate_backward_source(spec: GateBackwardSpec, target: str) -> str:
     """Generated kernel source of ``spec`` for ``target`` (no hardware needed)."""
-    return kernel_source(build_moe_topk_gate_backward, spec, target)
+    return kernel_source(build_moe_topk_gate_backward, spec, target, **KERNEL_CONFIG)
 
 
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_moe.moe_topk_gate_backward.GateBackwardCall``) on ``target``."""
     spec = call.spec
-    kernel = cached_kernel(build_moe_topk_gate_backward, spec, target)
+    kernel = cached_kernel(build_moe_topk_gate_backward, spec, target, **KERNEL_CONFIG)
     device = call.scores.device
     idx = call.topk_idx.view(torch.int32)
     if spec.has_aux:
