@@ -355,3 +355,29 @@ def test_processes_compiling_one_kernel_into_a_fresh_cache_agree_and_survive_cor
     for other in libraries[1:]:
         other.write_bytes(b"garbage" * 100)
     assert _compile_and_run_in_processes(1, cache) == digests[:1]
+
+
+class TestAscendLoweringCache:
+    """``lower_ascend``: one lowering per TIR and pass config, shared through the disk cache."""
+
+    def test_a_second_lowering_comes_from_the_cache(self, monkeypatch, tmp_path):
+        monkeypatch.setenv("VMI_CACHE_DIR", str(tmp_path))
+        first = vc.lower_ascend(build_shell_kernel("ascend"), "ascend")
+        monkeypatch.setattr(vc, "lower_artifact", lambda *a, **k: pytest.fail("lowered again"))
+        again = vc.lower_ascend(build_shell_kernel("ascend"), "ascend-sim")
+        assert again == first and first.cores == 64 and first.ub_bytes > 0
+        assert "__global__ __vector__" in first.source
+
+    def test_another_pass_config_or_kernel_is_another_entry(self, monkeypatch, tmp_path):
+        monkeypatch.setenv("VMI_CACHE_DIR", str(tmp_path))
+        vc.lower_ascend(build_shell_kernel("ascend"), "ascend")
+        vc.lower_ascend(build_shell_kernel("ascend"), "ascend", simd_parallel=False)
+        vc.lower_ascend(build_shell_kernel("ascend", workers=8), "ascend")
+        assert len(list(tmp_path.glob("*/ascend-lowered/*.json"))) == 3
+
+    def test_a_corrupted_entry_is_lowered_again(self, monkeypatch, tmp_path):
+        monkeypatch.setenv("VMI_CACHE_DIR", str(tmp_path))
+        first = vc.lower_ascend(build_shell_kernel("ascend"), "ascend")
+        (entry,) = tmp_path.glob("*/ascend-lowered/*.json")
+        entry.write_text(entry.read_text()[:40])
+        assert vc.lower_ascend(build_shell_kernel("ascend"), "ascend") == first

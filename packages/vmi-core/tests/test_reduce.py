@@ -1,4 +1,5 @@
-"""Reductions (vmi_core.tl.reduce) on the CPU target against torch, and their Ascend lowering."""
+"""Reductions (``Shell.segment_reduce``, ``vmi_core.tl.reduce``) on the CPU target against torch,
+and their Ascend lowering."""
 
 # No ``from __future__ import annotations`` here: TileLang evaluates a prim_func's signature
 # from the builder's closure, which only holds the sizes that the body itself uses.
@@ -13,7 +14,7 @@ from vmi_core.compile import compile_kernel, lower
 from vmi_core.source_checks import assert_vector_regions
 from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl import formats as F
-from vmi_core.tl.reduce import combine, reduce_rows, segment_reduce
+from vmi_core.tl.reduce import combine, reduce_rows
 from vmi_core.tl.shell import Shell
 
 BM = 8
@@ -38,8 +39,8 @@ def build_segment_kernel(k: int, seg_len: int, dtype: str = "float32"):
 
     @T.macro
     def reduce_into(x, acc, op: str):
-        segment_reduce(acc, BM, segments, seg_len, lambda i, col: T.Select(col < k, x[i, col], init(op)), op,
-                       init(op))
+        sh.segment_reduce(acc, (BM, segments * seg_len), seg_len,
+                          lambda at: T.Select(at.column() < k, at.load(x), init(op)), op, init(op))
 
     @T.prim_func
     def segment_kernel(X: T.Tensor((M, k), dtype), YMAX: T.Tensor((M, segments), dtype),

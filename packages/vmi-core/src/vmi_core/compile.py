@@ -18,13 +18,17 @@ TileLang users in the process keep theirs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
+import json
 import os
 import stat
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import tilelang
@@ -187,19 +191,64 @@ def lower_artifact(func, target: str, **config):
         return tilelang.lower(func, target=tgt)
 
 
+@dataclass(frozen=True)
+class AscendLowering:
+    """What the ``ascend`` lowering of a kernel gives ``ascend-sim``: the source and the launch."""
+
+    source: str
+    cores: int | None
+    ub_bytes: int | None
+
+
+def _launch_shape(device_mod) -> tuple[int | None, int | None]:
+    from .ascend_sim import launch_shape
+
+    try:
+        return launch_shape(device_mod)
+    except TypeError:  # a grid that depends on runtime sizes (not a persistent kernel): no simulation
+        return None, None
+
+
+def lower_ascend(func, target: str, **config) -> AscendLowering:
+    """The ``ascend`` lowering of ``func``, cached on disk under a hash of its TIR and pass configs.
+
+    Lowering for Ascend takes seconds of CPU per kernel, and every test process, the ``vmi``
+    command and the simulator need the same few hundred variants: the TIR script (printed in
+    milliseconds) decides the output, together with the toolchain already in ``cache_key``.
+    """
+    configs = sorted(pass_configs(target, **config).items())
+    key = hashlib.sha256(f"{func.script()}|{configs}".encode()).hexdigest()
+    path = private_dir(private_cache_dir() / "ascend-lowered") / f"{key}.json"
+    try:
+        return AscendLowering(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass  # not cached yet, or a truncated or foreign entry: lower again
+    artifact = lower_artifact(func, target, **config)
+    lowering = AscendLowering(artifact.kernel_source, *_launch_shape(artifact.device_mod))
+    fd, partial = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+    with os.fdopen(fd, "w") as out:
+        json.dump(dataclasses.asdict(lowering), out)
+    os.replace(partial, path)  # atomic: concurrent writers of one entry agree
+    return lowering
+
+
 def lower(func, target: str, **config) -> str:
     """Generated source of ``func`` for ``target``; needs no hardware and no device compiler."""
+    if lowering_target(target) == "ascend":
+        return lower_ascend(func, target, **config).source
     return lower_artifact(func, target, **config).kernel_source
 
 
 def compile_kernel(func, target: str, **config):
     """A callable kernel for ``target`` (cached on disk across processes)."""
     if target == "ascend-sim":
-        from .ascend_sim import SimKernel, launch_shape
+        from .ascend_sim import AscendSimError, SimKernel
 
-        artifact = lower_artifact(func, target, **config)
-        cores, ub_bytes = launch_shape(artifact.device_mod)
-        return SimKernel(func, artifact.kernel_source, cores, ub_bytes, private_dir(private_cache_dir() / "ascend-sim"))
+        lowering = lower_ascend(func, target, **config)
+        if lowering.cores is None:
+            raise AscendSimError("ascend-sim runs persistent kernels: this kernel's grid depends on runtime sizes")
+        return SimKernel(func, lowering.source, lowering.cores, lowering.ub_bytes,
+                         private_dir(private_cache_dir() / "ascend-sim"))
     _setup(target)
     kwargs = {}
     if target == "cpu":
