@@ -3,23 +3,24 @@
 A kernel body is written once against a ``Shell``; the shell decides what each
 piece lowers to on each target:
 
-=================  ==========================  =====================  ==================
-piece              ascend                      cuda                   cpu
-=================  ==========================  =====================  ==================
-``kernel``         1-D core grid               grid, ``threads=``     serial grid loop
-``tiles``          ``T.Persistent`` over the work-tile domain (round-robin over workers)
-``tile``           UB (``alloc_shared``)       shared memory          stack array
-``vector``         ``T.SimdVF``/``T.SimtVF``   no region              no region
-``elementwise``    vector code in SIMD,        ``T.Parallel``         ``T.Parallel``
-``segment_reduce`` ``T.Parallel`` in SIMT
-``copy``           MTE DMA (tails clamped)     ``T.copy``             ``T.copy``
-``buffer_versions``  multi-buffering annotation  nothing                nothing
-=================  ==========================  =====================  ==================
+=====================  ==========================  =====================  ==================
+piece                  ascend                      cuda                   cpu
+=====================  ==========================  =====================  ==================
+``kernel``             1-D core grid               grid, ``threads=``     serial grid loop
+``tiles``              ``T.Persistent`` over the work-tile domain (round-robin over workers)
+``tile``               UB (``alloc_shared``)       shared memory          stack array
+``vector``             ``T.SimdVF``/``T.SimtVF``   no region              no region
+``elementwise`` etc.   vector code (SIMD region),  ``T.Parallel``         ``T.Parallel``
+                       ``T.Parallel`` (SIMT)
+``copy``               MTE DMA (tails clamped)     ``T.copy``             ``T.copy``
+``buffer_versions``    multi-buffering annotation  nothing                nothing
+=====================  ==========================  =====================  ==================
 
-Element-wise and segment-reduction phases are written once as functions of a
-lane position (``vmi_core.tl.vector``); ``elementwise`` and ``segment_reduce``
-lower them as ``T.Parallel`` loops, or as explicit 64-lane vector code inside an
-Ascend SIMD region (the kind of the last ``vector`` region opened).
+Element-wise phases, segment and column reductions and per-row passes are written once
+as functions of a lane position (``vmi_core.tl.vector``); ``elementwise``,
+``segment_reduce``, ``column_reduce`` and ``rowwise`` lower them as ``T.Parallel``
+loops, or as explicit 64-lane vector code inside an Ascend SIMD region (the kind of
+the last ``vector`` region opened).
 """
 
 from __future__ import annotations
@@ -94,9 +95,10 @@ class Shell:
     def vector(self, kind: str = SIMT):
         """The vector region a body runs in; ``kind`` is ``"simd"`` or ``"simt"`` on Ascend.
 
-        Bodies that need casts, bit operations, comparisons or per-lane serial loops
-        must say ``simt``: TileLang's SIMD lowering of ``T.Parallel`` accepts only
-        plain arithmetic on one dtype.
+        A SIMD region holds the explicit vector code of ``elementwise``, ``segment_reduce``,
+        ``column_reduce`` and ``rowwise`` (their kernels lower with ``simd_parallel=False``);
+        hand-written ``T.Parallel`` loops belong in SIMT regions, since TileLang 0.1.15's SIMD
+        lowering of ``T.Parallel`` accepts only plain arithmetic on one dtype.
         """
         if kind not in (SIMD, SIMT):
             raise ValueError(f"vector region kind must be 'simd' or 'simt', got {kind!r}")
