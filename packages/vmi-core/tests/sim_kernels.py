@@ -7,7 +7,8 @@ on purpose.
 
 The SIMD kernels write their vector regions as explicit ``T.simd`` code: ``token_cast`` is a
 per-token amax / scale / e4m3 cast, and one kernel per instruction family (``float``, ``int``,
-``convert``, ``memory``) runs a table of single instructions over test registers.
+``convert``, ``rearrange``, ``memory``, ``gather``) runs a table of single instructions over
+test registers. ``counted`` is a kernel small enough to count what it executes by hand.
 """
 
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ import torch
 
 from vmi_core.compile import cached_kernel, lower_artifact
 from vmi_core.tl.reduce import segment_reduce
-from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.shell import SIMD, SIMT, SIMT_THREADS, Shell
 
 COLUMNS = 64
 
@@ -328,11 +329,35 @@ def _convert_ops():
     ]
 
 
+LANE_BITS = {"uint32": 32, "float32": 32, "uint16": 16, "uint8": 8}
+# The rearranging instructions' element types, by the names of their ops.
+REARRANGED = {"u32": "uint32", "f32": "float32", "u16": "uint16", "u8": "uint8"}
+
+
+def _view(value, elem: str):
+    """A register reinterpreted as lanes of ``elem``."""
+    return TA.reinterpret(value, f"{elem}x{2048 // LANE_BITS[elem]}")
+
+
+def _rearrange_ops():
+    ops = [(f"selr_{name}", lambda v, elem=elem: S.vselr(_view(v.a, elem), _view(v.idx, f"uint{LANE_BITS[elem]}")))
+           for name, elem in REARRANGED.items()]
+    ops += [("dupv", lambda v: S.vdupv(_view(v.a, "float32"))),
+            ("dupv_m3", lambda v: S.vdupv(v.a, mask=v.m3)),
+            ("dupv_u16", lambda v: S.vdupv(_view(v.a, "uint16")))]
+    for kind, fn in (("intlv", S.vintlv), ("dintlv", S.vdintlv)):
+        for name, elem in REARRANGED.items():
+            ops += [(f"{kind}_{name}_{k}", lambda v, fn=fn, elem=elem, k=k: fn(_view(v.a, elem), _view(v.b, elem))[k])
+                    for k in (0, 1)]
+    return ops
+
+
 # family -> (input registers as (field, dtype), op table)
 FAMILIES = {
     "float": ((("a", "float32x64"), ("b", "float32x64")), _float_ops),
     "int": ((("i", "int32x64"), ("j", "int32x64"), ("s", "int32x64")), _int_ops),
     "convert": ((("a", "float32x64"), ("i", "int32x64"), ("h", "bfloat16x128")), _convert_ops),
+    "rearrange": ((("a", "int32x64"), ("b", "int32x64"), ("idx", "uint32x64")), _rearrange_ops),
 }
 
 
@@ -478,3 +503,116 @@ def run_memory(image, sentinel, target: str = "ascend-sim"):
     outs = [torch.empty_like(z) for z in zs]
     cached_kernel(build_memory, None, target, simd_parallel=False)(*views, *zs, loads, *outs)
     return loads, outs
+
+
+# The gather family: UB gathers (vgather2) read tables W32 / WF / W16 (one byte image as uint32,
+# float32 and uint16) at per-lane element indices, from a 32-byte aligned base past the tile's
+# start; the masked gathers take their own indices IM32 / IM16, whose inactive lanes point far
+# past the UB allocation. Scatters (vscatter) write the table's first register into O32 / O16,
+# which start as the sentinel images Z32 / Z16, at the indices S32 / S16; after a mem_bar a
+# gather reads the scattered tile back.
+GATHER_TABLE_BYTES = 2048
+GATHER_ROWS = 4  # index registers per gather kind
+GATHER_BASE = 32  # bytes from a tile's start to the base of its gathers and scatters
+SCATTER_BYTES = 1024
+GATHERS = ["g32", "gf32_m3", "g16", "g16_m3"]
+GATHER_OUT_ROWS = [f"{name}_{r}" for name in GATHERS for r in range(GATHER_ROWS)] + ["read_back"]
+
+
+def build_gather(spec, target: str):
+    assert spec is None and target == "ascend"
+    sh = Shell(target)
+    TK = sh.T
+    n, m, rows = GATHER_TABLE_BYTES, SCATTER_BYTES, GATHER_ROWS
+
+    @TK.prim_func
+    def vector_gather(W32: TK.Tensor((n // 4,), "uint32"), WF: TK.Tensor((n // 4,), "float32"),
+                      W16: TK.Tensor((n // 2,), "uint16"), I32: TK.Tensor((rows, LANES), "uint32"),
+                      IM32: TK.Tensor((rows, LANES), "uint32"), I16: TK.Tensor((rows, 2 * LANES), "uint16"),
+                      IM16: TK.Tensor((rows, 2 * LANES), "uint16"), S32: TK.Tensor((LANES,), "uint32"),
+                      S16: TK.Tensor((2 * LANES,), "uint16"), Z32: TK.Tensor((m // 4,), "uint32"),
+                      Z16: TK.Tensor((m // 2,), "uint16"), G: TK.Tensor((len(GATHER_OUT_ROWS), LANES), "int32"),
+                      O32: TK.Tensor((m // 4,), "uint32"), O16: TK.Tensor((m // 2,), "uint16")):
+        with sh.kernel(1):
+            w32, wf, w16 = sh.tile((n // 4,), "uint32"), sh.tile((n // 4,), "float32"), sh.tile((n // 2,), "uint16")
+            i32, im32 = sh.tile((rows, LANES), "uint32"), sh.tile((rows, LANES), "uint32")
+            i16, im16 = sh.tile((rows, 2 * LANES), "uint16"), sh.tile((rows, 2 * LANES), "uint16")
+            s32, s16 = sh.tile((LANES,), "uint32"), sh.tile((2 * LANES,), "uint16")
+            o32, o16 = sh.tile((m // 4,), "uint32"), sh.tile((m // 2,), "uint16")
+            g = sh.tile((len(GATHER_OUT_ROWS), LANES), "int32")
+            # One copy per tensor, written out: the emitted entry names its parameters after them.
+            sh.copy(W32, w32)
+            sh.copy(WF, wf)
+            sh.copy(W16, w16)
+            sh.copy(I32, i32)
+            sh.copy(IM32, im32)
+            sh.copy(I16, i16)
+            sh.copy(IM16, im16)
+            sh.copy(S32, s32)
+            sh.copy(S16, s16)
+            sh.copy(Z32, o32)
+            sh.copy(Z16, o16)
+            with sh.vector(SIMD):
+                m3 = S.pset(32, "PAT_M3")
+                b16_m3 = S.pset(16, "PAT_M3")
+                for r in range(rows):
+                    gathered = (S.vgather2(w32[GATHER_BASE // 4], S.vld(i32[r, 0])),
+                                S.vgather2(wf[GATHER_BASE // 4], S.vld(im32[r, 0]), m3),
+                                S.vgather2(w16[GATHER_BASE // 2], S.vld(i16[r, 0])),
+                                S.vgather2(w16[GATHER_BASE // 2], S.vld(im16[r, 0]), b16_m3))
+                    for k, value in enumerate(gathered):
+                        S.vsts(g[k * rows + r, 0], as_bits(value))
+                S.vscatter(S.vld(w32[0]), o32[GATHER_BASE // 4], S.vld(s32[0]), m3)
+                S.vscatter(S.vld(w16[0]), o16[GATHER_BASE // 2], S.vld(s16[0]))
+                S.mem_bar("VST_VLD")
+                S.vsts(g[len(GATHER_OUT_ROWS) - 1, 0], S.vgather2(o32[GATHER_BASE // 4], S.vld(s32[0])))
+            sh.copy(g, G)
+            sh.copy(o32, O32)
+            sh.copy(o16, O16)
+
+    return vector_gather
+
+
+def run_gather(*inputs, target: str = "ascend-sim"):
+    """(gathered registers, O32, O16) of the gather kernel for its inputs W32 ... Z16 (as named there)."""
+    out = torch.empty((len(GATHER_OUT_ROWS), LANES), dtype=torch.int32)
+    o32, o16 = torch.empty_like(inputs[-2]), torch.empty_like(inputs[-1])
+    cached_kernel(build_gather, None, target, simd_parallel=False)(*inputs, out, o32, o16)
+    return out, o32, o16
+
+
+# ``counted``: each of COUNTED_CORES cores loads COUNTED_ROWS rows of X, adds x[r, 1] to row r in
+# a vector function, scales it by x[r, 0] in a SIMT region (one element per thread) and writes
+# y[1, 63] = x[0, 5] + x[1, 7] in scalar code; execution counts follow from this structure.
+COUNTED_CORES = 3
+COUNTED_ROWS = SIMT_THREADS // LANES
+
+
+def build_counted(spec, target: str):
+    assert spec is None and target == "ascend"
+    sh = Shell(target)
+    TK = sh.T
+    rows = COUNTED_ROWS
+
+    @TK.prim_func
+    def counted(X: TK.Tensor((COUNTED_CORES * rows, LANES), "float32"),
+                Y: TK.Tensor((COUNTED_CORES * rows, LANES), "float32")):
+        with sh.kernel(COUNTED_CORES) as core:
+            x, t, y = (sh.tile((rows, LANES), "float32") for _ in range(3))
+            sh.copy(X[core * rows, 0], x)
+            with sh.vector(SIMD):
+                every = S.pset(32, "PAT_ALL")
+                for r in TK.serial(rows):
+                    S.vsts(t[r, 0], S.vadds(S.vld(x[r, 0]), x[r, 1], mask=every), mask=every)
+                S.mem_bar("VST_VLD")
+            with sh.vector(SIMT):
+                for i, j in T.Parallel(rows, LANES):
+                    y[i, j] = t[i, j] * x[i, 0]
+            y[1, LANES - 1] = x[0, 5] + x[1, 7]
+            sh.copy(y, Y[core * rows, 0])
+
+    return counted
+
+
+def counted_kernel(target: str = "ascend-sim"):
+    return cached_kernel(build_counted, None, target, simd_parallel=False)

@@ -18,27 +18,40 @@ import pytest
 import torch
 from sim_kernels import (
     COMPARES,
+    COUNTED_CORES,
+    COUNTED_ROWS,
     E4M3_MAX,
+    GATHER_BASE,
+    GATHER_OUT_ROWS,
+    GATHER_ROWS,
+    GATHER_TABLE_BYTES,
     GROUP,
     LANES,
     LOAD_ROWS,
     LOADS,
     PATTERNS,
     PREDICATE_LOADS,
+    REARRANGED,
     ROUNDS,
     ROWS,
+    SCATTER_BYTES,
     SF_CLAMP,
     STORE_ROWS,
+    build_family,
+    build_gather,
     build_token_cast,
+    counted_kernel,
     family_ops,
     run_family,
+    run_gather,
     run_memory,
     token_cast,
 )
 
-from vmi_core.ascend_sim import AscendSimError, SimKernel, launch_shape
+from vmi_core.ascend_sim import AscendSimError, SimKernel, last_launch_stats, launch_shape
 from vmi_core.compile import cache_dir, lower_artifact
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tl.shell import SIMT_THREADS
 
 BLOCK_M = 16
 NAN32 = 0x7FFFFFFF  # the NaN the vector unit writes
@@ -537,6 +550,11 @@ def family_inputs(family: str, seed: int = 0) -> dict:
         j[0, :8] = [0, 1, -1, -1, 1, 5, -6, 7]
         i[1] = rng.integers(-40, 40, LANES)
         return {"i": i, "j": j, "s": rng.integers(0, 41, (ROWS, LANES)).astype(np.int32)}
+    if family == "rearrange":
+        # Indices past the lane count in every row but the first (they wrap), any 32 bits from row 2 on.
+        idx = rng.integers(0, 2**32, (ROWS, LANES), dtype=np.uint64).astype(np.uint32)
+        idx[0], idx[1] = LANE[::-1], LANE + 40
+        return {"a": a.view(np.int32), "b": b.view(np.int32), "idx": idx.view(np.int32)}
     i = rng.integers(-2**31, 2**31, (ROWS, LANES), dtype=np.int64).astype(np.int32)
     i[1, :16] = [2**24 + 1, 2**24 + 3, -(2**24 + 1), 2**25 + 6, 2**31 - 1, -2**31, 0, 1, -1, 2**30 + 65,
                  16777217 * 3, 123456789, -987654321, 2**24, 7, 99]
@@ -545,6 +563,28 @@ def family_inputs(family: str, seed: int = 0) -> dict:
     h[4:] = torch.from_numpy((small * rng.choice([-1, 1], small.shape)).astype(F32)).to(torch.bfloat16).view(
         torch.int16).numpy().view(np.uint16)
     return {"a": a, "i": i, "h": h.view(np.int32)}
+
+
+def rearrange_reference(a, b, idx) -> dict:
+    """Register gathers (index modulo the lane count), lowest-lane broadcasts, and interleaves of the
+    2N-element stream a0 b0 a1 b1 ... / de-interleaves of the stream a, b, as bit patterns."""
+    widths = {"uint32": np.uint32, "float32": np.uint32, "uint16": np.uint16, "uint8": np.uint8}
+    ref = {}
+    for name, elem in REARRANGED.items():
+        dtype = widths[elem]
+        av, bv, iv = (np.ascontiguousarray(x).view(dtype) for x in (a, b, idx))
+        n = av.shape[1]
+        ref[f"selr_{name}"] = np.take_along_axis(av, iv.astype(np.int64) % n, axis=1)
+        woven = np.empty((ROWS, 2 * n), dtype)
+        woven[:, 0::2], woven[:, 1::2] = av, bv
+        ref[f"intlv_{name}_0"], ref[f"intlv_{name}_1"] = woven[:, :n], woven[:, n:]
+        joined = np.concatenate([av, bv], axis=1)
+        ref[f"dintlv_{name}_0"], ref[f"dintlv_{name}_1"] = joined[:, 0::2], joined[:, 1::2]
+    a16 = np.ascontiguousarray(a).view(np.uint16)
+    ref["dupv"] = np.repeat(a[:, :1], LANES, axis=1)
+    ref["dupv_m3"] = np.where(LANE % 3 == 0, a[:, :1], 0)
+    ref["dupv_u16"] = np.repeat(a16[:, :1], 2 * LANES, axis=1)
+    return {name: np.ascontiguousarray(v).view(np.int32) for name, v in ref.items()}
 
 
 def _check_family(family: str, reference: dict, got: np.ndarray):
@@ -561,7 +601,7 @@ def _check_family(family: str, reference: dict, got: np.ndarray):
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("family", ["float", "int", "convert"])
+@pytest.mark.parametrize("family", ["float", "int", "convert", "rearrange"])
 def test_instruction_family_matches_reference(family):
     values = family_inputs(family)
     inputs = torch.from_numpy(np.stack([np.ascontiguousarray(v).view(np.int32) for v in values.values()]))
@@ -570,6 +610,8 @@ def test_instruction_family_matches_reference(family):
         reference = float_reference(values["a"], values["b"])
     elif family == "int":
         reference = int_reference(values["i"], values["j"], values["s"], np.arange(ROWS))
+    elif family == "rearrange":
+        reference = rearrange_reference(values["a"], values["b"], values["idx"])
     else:
         reference = convert_reference(values["a"], values["i"], values["h"])
     _check_family(family, reference, got)
@@ -675,6 +717,122 @@ def test_memory_family_matches_reference():
         assert np.array_equal(got.numpy().view(np.uint8).reshape(STORE_ROWS, 256), want), kind
 
 
+# UB element counts of the gather kernel's tiles, from the base of its gathers and scatters on.
+TABLE32 = GATHER_TABLE_BYTES // 4 - GATHER_BASE // 4
+TABLE16 = GATHER_TABLE_BYTES // 2 - GATHER_BASE // 2
+OUT32 = SCATTER_BYTES // 4 - GATHER_BASE // 4
+OUT16 = SCATTER_BYTES // 2 - GATHER_BASE // 2
+FAR = 0x40000000  # an index far past any UB allocation
+
+
+def gather_inputs(seed: int = 4) -> dict:
+    """Tables, index rows (repeats allowed in gathers; inactive lanes of the masked gathers point FAR),
+    scatter indices (distinct on active lanes, all 7 on the inactive ones of the masked scatter) and
+    sentinel images, as named by the gather kernel."""
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 256, GATHER_TABLE_BYTES, dtype=np.uint8)
+    i32 = rng.integers(0, TABLE32, (GATHER_ROWS, LANES)).astype(np.uint32)
+    i32[0, :4], i32[1, :2] = [5, 5, 0, TABLE32 - 1], [TABLE32 - 1, 0]
+    i16 = rng.integers(0, TABLE16, (GATHER_ROWS, 2 * LANES)).astype(np.uint16)
+    i16[0, :3] = [TABLE16 - 1, 0, 0]
+    im32 = np.where(LANE % 3 == 0, rng.integers(0, TABLE32, (GATHER_ROWS, LANES)), FAR).astype(np.uint32)
+    im16 = np.where(np.arange(2 * LANES) % 3 == 0, rng.integers(0, TABLE16, (GATHER_ROWS, 2 * LANES)),
+                    0xFFFF).astype(np.uint16)
+    s32 = np.where(LANE % 3 == 0, rng.permutation(OUT32)[:LANES], 7).astype(np.uint32)
+    s16 = rng.permutation(OUT16)[:2 * LANES].astype(np.uint16)
+    values = {"W32": image.view(np.uint32), "WF": image.view(np.float32), "W16": image.view(np.uint16),
+              "I32": i32, "IM32": im32, "I16": i16, "IM16": im16, "S32": s32, "S16": s16,
+              "Z32": rng.integers(0, 2**32, SCATTER_BYTES // 4, dtype=np.uint64).astype(np.uint32),
+              "Z16": rng.integers(0, 2**16, SCATTER_BYTES // 2).astype(np.uint16)}
+    return {name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in values.items()}
+
+
+def gather_reference(v: dict):
+    """Gathered registers, O32 and O16 by the Gather/Scatter pages: element indices from the base,
+    inactive lanes 0 (gathers) or untouched (scatters)."""
+    w32, w16 = v["W32"].numpy(), v["W16"].numpy()
+    t32, t16 = w32[GATHER_BASE // 4:], w16[GATHER_BASE // 2:]
+    m3, b16_m3 = LANE % 3 == 0, np.arange(2 * LANES) % 3 == 0
+    rows = {}
+    for r in range(GATHER_ROWS):
+        rows[f"g32_{r}"] = t32[v["I32"].numpy()[r]]
+        rows[f"gf32_m3_{r}"] = np.where(m3, t32[np.where(m3, v["IM32"].numpy()[r], 0)], 0)
+        rows[f"g16_{r}"] = t16[v["I16"].numpy()[r]]
+        rows[f"g16_m3_{r}"] = np.where(b16_m3, t16[np.where(b16_m3, v["IM16"].numpy()[r], 0)], 0)
+    o32, o16 = v["Z32"].numpy().copy(), v["Z16"].numpy().copy()
+    s32, s16 = v["S32"].numpy(), v["S16"].numpy()
+    o32[GATHER_BASE // 4 + s32[m3]] = w32[:LANES][m3]
+    o16[GATHER_BASE // 2 + s16] = w16[:2 * LANES]
+    rows["read_back"] = o32[GATHER_BASE // 4 + s32]
+    assert set(rows) == set(GATHER_OUT_ROWS)
+    return np.stack([np.ascontiguousarray(rows[name]).view(np.int32) for name in GATHER_OUT_ROWS]), o32, o16
+
+
+def test_gathers_and_scatters_match_reference():
+    values = gather_inputs()
+    got, o32, o16 = run_gather(*values.values())
+    expected, e32, e16 = gather_reference(values)
+    wrong = [name for name, g, e in zip(GATHER_OUT_ROWS, got.numpy(), expected, strict=True)
+             if not np.array_equal(g, e)]
+    assert not wrong, f"gathers differ: {wrong}"
+    assert np.array_equal(o32.numpy(), e32) and np.array_equal(o16.numpy(), e16)
+
+
+def _with(values: dict, name: str, edit) -> dict:
+    changed = values[name].clone()
+    edit(changed)
+    return {**values, name: changed}
+
+
+# name -> (inputs of the gather kernel, the error); the kernel as emitted
+GATHER_ERRORS = {
+    "gather index past the UB allocation": (
+        lambda v: _with(v, "I32", lambda t: t.__setitem__((1, 9), FAR)),
+        r"asc_gather \(vector gather at UB byte \d+\): UB bytes \[\d+, \d+\) outside the kernel's UB allocation"),
+    "scatter index past the UB allocation": (
+        lambda v: _with(v, "S16", lambda t: t.__setitem__(5, 0xFFFF)),
+        r"asc_scatter \(vector scatter at UB byte \d+\): UB bytes \[\d+, \d+\) outside the kernel's UB allocation"),
+    "a scatter index repeated on active lanes": (
+        lambda v: _with(v, "S32", lambda t: t.__setitem__(3, t[0])),
+        r"asc_scatter \(vector scatter at UB byte \d+\): two active lanes have the index \d+"),
+}
+
+
+@pytest.mark.parametrize("case", GATHER_ERRORS)
+def test_gather_and_scatter_errors_are_reported(case):
+    inputs, error = GATHER_ERRORS[case]
+    with pytest.raises(AscendSimError, match=error):
+        run_gather(*inputs(gather_inputs()).values())
+    assert last_launch_stats() is None  # a failed launch leaves no statistics
+
+
+# ---- launch statistics -----------------------------------------------------------------------------
+
+def test_launch_statistics_count_the_kernel_by_hand():
+    """``counted``: per core one DMA in and out of its rows; a vector function of one predicate,
+    then per row a load, an add of a scalar read from UB and a store, and one mem_bar; a SIMT
+    region of one element per thread (two UB reads and a write); three scalar UB accesses."""
+    x = torch.randn(COUNTED_CORES * COUNTED_ROWS, LANES, generator=generator(21))
+    kernel = counted_kernel()
+    rows, cores, row_bytes = COUNTED_ROWS, COUNTED_CORES, LANES * 4
+    expected = {
+        "cores": cores, "simd_regions": cores, "simt_regions": cores, "simt_threads": cores * SIMT_THREADS,
+        "vector_instructions": cores * (1 + 3 * rows), "vector_loads": cores * rows, "vector_stores": cores * rows,
+        "mem_bars": cores, "scalar_ub_accesses": cores * 3, "simt_ub_accesses": cores * SIMT_THREADS * 3,
+        "simd_scalar_ub_accesses": cores * rows, "dma_gm_to_ub_bytes": cores * rows * row_bytes,
+        "dma_ub_to_gm_bytes": cores * rows * row_bytes,
+    }
+    for schedule in ("seq", "random"):  # counted anew at every launch, whatever the order of the pipes
+        y = torch.empty_like(x)
+        with sim_schedule(schedule):
+            kernel(x, y)
+        assert kernel.last_stats == expected
+        assert last_launch_stats() == expected
+    want = (x + x[:, 1:2]) * x[:, 0:1]
+    want[1::rows, -1] = x[0::rows, 5] + x[1::rows, 7]
+    assert_bitwise_equal(y, want)
+
+
 # ---- negative controls -----------------------------------------------------------------------------
 
 @functools.cache
@@ -767,6 +925,13 @@ UNMODELLED = {
     "a rounding mode e4m3 does not take": ("ROUND_R, RS_ENABLE, PART_P0", "ROUND_A, RS_ENABLE, PART_P0",
                                            "rounding mode not available for the pair"),
 }
+# The same for instructions of the rearrange and gather kernels: a broadcast of the highest lane (no
+# C API), a UB gather of bytes (b8 elements widened to b16 lanes).
+UNMODELLED_ELSEWHERE = {
+    "vdupv of the highest lane": ("rearrange", "POS_LOWEST", "POS_HIGHEST", "asc_duplicate_highest is not modelled"),
+    "a gather of bytes": ("gather", "vgather2((&(((__ubuf__ uint16_t*)buf_dyn_shmem)[",
+                          "vgather2((&(((__ubuf__ uint8_t*)buf_dyn_shmem)[", "no matching function for call to"),
+}
 
 
 @pytest.mark.parametrize("case", _cases(UNMODELLED, {"vexp (approximate, not modelled)"}))
@@ -775,3 +940,58 @@ def test_unmodelled_instructions_do_not_compile(case):
     with pytest.raises(AscendSimError, match="does not compile against the model") as error:
         _token_cast_kernel(_replace(_token_cast_artifact().kernel_source, old, new))
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize("case", _cases(UNMODELLED_ELSEWHERE, {"a gather of bytes"}))
+def test_unmodelled_rearrangements_do_not_compile(case):
+    kernel, old, new, message = UNMODELLED_ELSEWHERE[case]
+    func = build_family("rearrange", "ascend") if kernel == "rearrange" else build_gather(None, "ascend")
+    source = lower_artifact(func, "ascend", simd_parallel=False).kernel_source
+    broken = source.replace(old, new, 1)
+    assert broken != source
+    with pytest.raises(AscendSimError, match="does not compile against the model") as error:
+        SimKernel(func, broken, 1, 0, cache_dir() / "ascend-sim")
+    assert message in str(error.value)
+
+
+@functools.cache
+def _gather_artifact():
+    return lower_artifact(build_gather(None, "ascend"), "ascend", simd_parallel=False)
+
+
+GATHER_BASE32 = "vgather2((&(((__ubuf__ uint32_t*)buf_dyn_shmem)[{}])), simd_inst::vlds_norm<uint32_t>("
+SCATTER_BASE32 = "(__ubuf__ uint32_t*)(&(((__ubuf__ uint32_t*)buf_dyn_shmem)[{}])), simd_inst::vlds_norm<uint32_t>("
+
+
+def _shift_base(source: str, form: str) -> str:
+    """The first base of ``form`` in ``source`` one element (4 bytes) further."""
+    offset = re.search(re.escape(form).replace(r"\{\}", r"(\d+)"), source).group(1)
+    return _replace(source, form.format(offset), form.format(int(offset) + 1))
+
+
+GATHER_MUTATIONS = {
+    "misaligned gather base": (
+        lambda s: _shift_base(s, GATHER_BASE32),
+        r"asc_gather \(vector gather base at UB byte \d+\): UB byte offset \d+ is not 32-byte aligned"),
+    "misaligned scatter base": (
+        lambda s: _shift_base(s, SCATTER_BASE32),
+        r"asc_scatter \(vector scatter base at UB byte \d+\): UB byte offset \d+ is not 32-byte aligned"),
+    "no mem_bar between the scatter and the gather reading it back": (
+        lambda s: _replace(s, "simd_inst::mem_bar(VST_VLD);", ""),
+        r"asc_gather \(vector gather at UB byte \d+\): reads UB byte \d+, which a vector store wrote with no "
+        r"asc_mem_bar\(VST_VLD\) in between"),
+}
+
+
+@pytest.mark.parametrize("mutation", _cases(GATHER_MUTATIONS, {"misaligned scatter base"}))
+def test_gather_negative_controls_are_reported(mutation):
+    mutate, error = GATHER_MUTATIONS[mutation]
+    artifact = _gather_artifact()
+    cores, ub = launch_shape(artifact.device_mod)
+    kernel = SimKernel(build_gather(None, "ascend"), mutate(artifact.kernel_source), cores, ub,
+                       cache_dir() / "ascend-sim")
+    values = gather_inputs()
+    outs = (torch.empty((len(GATHER_OUT_ROWS), LANES), dtype=torch.int32), torch.empty_like(values["Z32"]),
+            torch.empty_like(values["Z16"]))
+    with pytest.raises(AscendSimError, match=error):
+        kernel(*values.values(), *outs)

@@ -8,12 +8,15 @@ documented semantics, not an NPU run; the assumptions it rests on are listed in
 vmi-core's README.
 
 Before compiling, every ``__ubuf__ T*`` of the source becomes ``ub_ptr<T>`` and every
-``__gm__ T*`` becomes ``gm_ptr<T>`` (bounds-checked pointers), and the TileLang
+``__gm__ T*`` becomes ``gm_ptr<T>`` (bounds-checked pointers), the address of a UB element
+``&(p[i])`` becomes the UB pointer ``p + (i)``, and the TileLang
 template includes become the model's header, except TileLang's own SIMD wrapper header
 (``simd_inst.h``), which is compiled as shipped, with the same pointer rewrite, against
 the model's C API (``include/c_api/asc_simd.h``). Each ``__simd_vf__`` function becomes a
 launcher that issues its body on the V pipe with the arguments of the call, as the
 hardware runs a vector function; nothing else of the text changes.
+
+Each launch counts what it executed (``SimKernel.last_stats``, ``last_launch_stats()``).
 
 Environment:
 
@@ -61,6 +64,7 @@ _SIMD_INST_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/ascend/simd_inst\
 SIMD_INST_HEADER = Path(tilelang.__file__).resolve().parent / "src" / "tl_templates" / "ascend" / "simd_inst.h"
 _SIMD_VF = re.compile(r"__simd_vf__ inline void (\w+)\(([^)]*)\) \{")
 _UB_POINTER = re.compile(r"__ubuf__\s+(\w+)\s*\*")
+_UB_DECLARATION = re.compile(r"__ubuf__\s+\w+\s*\*\s*(\w+)")
 _GM_POINTER = re.compile(r"__gm__\s+(\w+)\s*\*")
 _TORCH_DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
@@ -79,6 +83,24 @@ class AscendSimError(RuntimeError):
 class _LaunchConfig(ctypes.Structure):
     _fields_ = [("num_cores", ctypes.c_int32), ("schedule", ctypes.c_int32), ("ub_alloc", ctypes.c_int64),
                 ("ub_capacity", ctypes.c_int64), ("seed", ctypes.c_uint64)]
+
+
+class _LaunchStats(ctypes.Structure):
+    """``ascend_sim::Stats`` of ``core.h``, field for field."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "cores", "simd_regions", "simt_regions", "simt_threads", "vector_instructions", "vector_loads",
+        "vector_stores", "mem_bars", "scalar_ub_accesses", "simt_ub_accesses", "simd_scalar_ub_accesses",
+        "dma_gm_to_ub_bytes", "dma_ub_to_gm_bytes")]
+
+
+_last_stats = threading.local()
+
+
+def last_launch_stats() -> dict[str, int] | None:
+    """Execution counts of the calling thread's latest successful launch on ascend-sim (None before
+    one): see ``SimKernel.last_stats``."""
+    return getattr(_last_stats, "value", None)
 
 
 @dataclass(frozen=True)
@@ -108,8 +130,32 @@ def kernel_signature(source: str) -> tuple[str, list[KernelParam]]:
     return match.group(1), params
 
 
+def _ub_element_addresses(text: str, address=None) -> str:
+    """``&(p[i])`` as ``(p + (i))`` for a UB pointer ``p`` (``((__ubuf__ T*)buf)`` or a name declared
+    ``__ubuf__ T*``): on the device the address of a UB element is a UB pointer, while the
+    model's ``ub_ptr<T>`` indexes to a host reference. (For any other pointer or array the two
+    forms are the same value.)"""
+    if address is None:
+        names = sorted(set(_UB_DECLARATION.findall(text)), key=len, reverse=True)
+        address = re.compile(r"&\((\(\(__ubuf__ \w+\*\)\w+\)" + "".join(f"|{n}" for n in names) + r")\[")
+    out, pos = [], 0
+    while match := address.search(text, pos):
+        depth, end = 1, match.end()
+        while depth:
+            if end == len(text):
+                raise AscendSimError("an unbalanced UB element address in the source")
+            depth += {"[": 1, "]": -1}.get(text[end], 0)
+            end += 1
+        if text[end:end + 1] != ")":
+            raise AscendSimError("a UB element address in a form the model does not rewrite")
+        index = _ub_element_addresses(text[match.end():end - 1], address)
+        out.append(f"{text[pos:match.start()]}({match.group(1)} + ({index}))")
+        pos = end + 1
+    return "".join(out) + text[pos:]
+
+
 def _rewrite_pointers(text: str) -> str:
-    text = _UB_POINTER.sub(r"::ascend_sim::ub_ptr<\1> ", text)
+    text = _UB_POINTER.sub(r"::ascend_sim::ub_ptr<\1> ", _ub_element_addresses(text))
     text = _GM_POINTER.sub(r"::ascend_sim::gm_ptr<\1> ", text)
     for qualifier in ("__ubuf__", "__gm__", "__cbuf__"):
         if qualifier in text:
@@ -149,10 +195,10 @@ def prepare_source(source: str) -> str:
     entry = f"""
 extern "C" __attribute__((visibility("default"))) int vmi_ascend_sim_launch(
     void *const *pointers, const uint64_t *sizes, const int64_t *ints, const double *floats,
-    const ::ascend_sim::LaunchConfig *config, char *error, size_t error_bytes) {{
+    const ::ascend_sim::LaunchConfig *config, ::ascend_sim::Stats *stats, char *error, size_t error_bytes) {{
   const ::ascend_sim::GmRegion regions[] = {{{regions or '{0, 0, ""}'}}};
   return ::ascend_sim::run_launch("{name}", *config, regions, {num_regions}, [&] {{ {name}({", ".join(args)}); }},
-                                  error, error_bytes);
+                                  stats, error, error_bytes);
 }}
 """
     return '#include "vmi_ascend_sim/runner.h"\n' + body + entry
@@ -195,7 +241,8 @@ def _load(path: Path) -> tuple[ctypes.CDLL, threading.Lock]:
             lib.vmi_ascend_sim_launch.restype = ctypes.c_int
             lib.vmi_ascend_sim_launch.argtypes = [
                 ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int64),
-                ctypes.POINTER(ctypes.c_double), ctypes.POINTER(_LaunchConfig), ctypes.c_char_p, ctypes.c_size_t]
+                ctypes.POINTER(ctypes.c_double), ctypes.POINTER(_LaunchConfig), ctypes.POINTER(_LaunchStats),
+                ctypes.c_char_p, ctypes.c_size_t]
             # The model's state lives in the library: one launch at a time per library.
             _libraries[path] = (lib, threading.Lock())
         return _libraries[path]
@@ -221,7 +268,26 @@ class SimKernel:
     ``func`` is the TileLang prim_func (its parameters say how call arguments map to the
     emitted entry's), ``source`` the lowered source, ``num_cores`` the launch's grid and
     ``ub_alloc`` the bytes of its UB allocation.
+
+    After a successful call, ``last_stats`` (also ``last_launch_stats()``) holds the launch's
+    execution counts, summed over its cores:
+
+    - ``cores``: cores run;
+    - ``simd_regions``, ``simt_regions``: vector functions (``__simd_vf__``) and SIMT regions
+      (``asc_vf_call``) executed; ``simt_threads``: SIMT threads started, over all regions;
+    - ``vector_instructions``: SIMD instructions executed, each call of a modelled intrinsic
+      once (TileLang's wrappers count as the instructions they issue), vector loads and stores
+      (gathers, scatters and predicate loads and stores included) too, ``asc_mem_bar`` not;
+      ``vector_loads`` and ``vector_stores``: those of them that read or write UB;
+      ``mem_bars``: ``asc_mem_bar`` calls;
+    - ``scalar_ub_accesses``, ``simt_ub_accesses``, ``simd_scalar_ub_accesses``: UB element
+      accesses of scalar code outside regions, of SIMT threads, and of scalar code inside
+      vector functions (each ``ub[i]`` the source evaluates once, a read-modify-write once);
+    - ``dma_gm_to_ub_bytes``, ``dma_ub_to_gm_bytes``: bytes DMA moved (the GM side: bursts
+      times burst length, no pads).
     """
+
+    last_stats: dict[str, int] | None = None
 
     def __init__(self, func, source: str, num_cores: int, ub_alloc: int, cache: Path):
         self.name, self.params = kernel_signature(source)
@@ -303,11 +369,14 @@ class SimKernel:
         config = _LaunchConfig(self.num_cores, SCHEDULES.index(schedule()), self.ub_alloc, self.ub_capacity,
                                int(os.environ.get(SEED_ENV) or 0))
         error = ctypes.create_string_buffer(1024)
+        stats = _LaunchStats()
+        self.last_stats = _last_stats.value = None
         with self._lock:
-            status = self._lib.vmi_ascend_sim_launch(pointers, sizes, ints, floats, ctypes.byref(config), error,
-                                                     len(error))
+            status = self._lib.vmi_ascend_sim_launch(pointers, sizes, ints, floats, ctypes.byref(config),
+                                                     ctypes.byref(stats), error, len(error))
         if status:
             raise AscendSimError(f"ascend-sim: {error.value.decode()}")
+        self.last_stats = _last_stats.value = {name: getattr(stats, name) for name, _ in stats._fields_}
 
 
 def launch_shape(device_mod) -> tuple[int, int]:

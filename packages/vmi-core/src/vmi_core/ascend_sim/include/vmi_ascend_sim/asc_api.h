@@ -136,6 +136,7 @@ inline void asc_copy_gm2ub_align(ascend_sim::ub_ptr<T> dst, ascend_sim::gm_ptr<T
     check_gm((uintptr_t)(gm + (uint64_t)i * src_stride), len_burst, what);
     check_ub(dst.offset + (int64_t)i * dst_stride, span, BLOCK_BYTES, what);
   }
+  L.stats.dma_gm_to_ub_bytes += (uint64_t)n_burst * len_burst;
   const int64_t ub0 = dst.offset;
   issue(PIPE_MTE2, Op{Op::WORK, 0, 0, 0, [=] {
                         for (uint32_t i = 0; i < n_burst; ++i) {
@@ -175,6 +176,7 @@ inline void asc_copy_ub2gm_align(ascend_sim::gm_ptr<T> dst, ascend_sim::ub_ptr<T
     check_ub(src.offset + (int64_t)i * src_stride, len_burst, BLOCK_BYTES, what);
     check_gm((uintptr_t)(gm + (uint64_t)i * dst_stride), len_burst, what);
   }
+  L.stats.dma_ub_to_gm_bytes += (uint64_t)n_burst * len_burst;
   const int64_t ub0 = src.offset;
   issue(PIPE_MTE3, Op{Op::WORK, 0, 0, 0, [=] {
                         for (uint32_t i = 0; i < n_burst; ++i)

@@ -36,11 +36,28 @@ struct GmRegion {
   const char *name;
 };
 
+// Where code runs: scalar code of the kernel, a SIMT region, or a SIMD (`__simd_vf__`) region.
+enum Region { REGION_SCALAR = 0, REGION_SIMT = 1, REGION_SIMD = 2 };
+
+// Execution counts of one launch, summed over its cores (vmi_core.ascend_sim reads them in
+// this order). A vector instruction is one call of a modelled SIMD intrinsic, loads and stores
+// included, asc_mem_bar not; UB accesses are element accesses through ub_ptr (scalar and SIMT
+// code, never DMA or vector loads and stores); DMA bytes are the bytes of the GM side.
+struct Stats {
+  uint64_t cores;
+  uint64_t simd_regions, simt_regions, simt_threads;
+  uint64_t vector_instructions, vector_loads, vector_stores, mem_bars;
+  uint64_t ub_accesses[3];  // by Region
+  uint64_t dma_gm_to_ub_bytes, dma_ub_to_gm_bytes;
+};
+
 struct Launch {
   const char *kernel = "";
   int core = -1;
   int num_cores = 0;
   int thread = -1;  // SIMT thread running now, -1 on the scalar unit
+  Region region = REGION_SCALAR;
+  Stats stats{};
   uint8_t *ub = nullptr;
   int64_t ub_alloc = 0;  // bytes of the kernel's UB allocation
   std::vector<GmRegion> gm;
@@ -109,14 +126,11 @@ struct ub_ptr {
   explicit ub_ptr(int byte_offset) : offset(byte_offset) {}  // `(__ubuf__ uint8_t *)0`: the UB base
   template <class U>
   explicit ub_ptr(ub_ptr<U> other) : offset(other.offset) {}
-  template <class U>  // `(__ubuf__ T*)(&ub[i])`: back from an element's host address
-  explicit ub_ptr(U *host) : offset((int64_t)((uintptr_t)host - (uintptr_t)L.ub)) {
-    check_ub(offset, 0, 1, "UB address");
-  }
 
   T &operator[](int64_t i) const {
     int64_t at = offset + i * (int64_t)sizeof(T);
     check_ub(at, sizeof(T), alignof(T), "UB access");
+    ++L.stats.ub_accesses[L.region];
     return *reinterpret_cast<T *>(L.ub + at);
   }
   T &operator*() const { return (*this)[0]; }

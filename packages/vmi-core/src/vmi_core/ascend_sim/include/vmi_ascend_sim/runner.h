@@ -3,7 +3,7 @@
 // The cores run one after another, each with its own Unified Buffer, filled with
 // random bytes before the core starts so that a read of UB nothing wrote shows up as a
 // mismatch, and its own pipes and events. A failed check anywhere ends the launch with
-// the message of the first error.
+// the message of the first error. `stats` receives the launch's execution counts.
 #pragma once
 
 #include "asc_api.h"
@@ -20,7 +20,7 @@ struct LaunchConfig {
 
 template <class KernelCall>
 int run_launch(const char *kernel, const LaunchConfig &config, const GmRegion *regions, int num_regions,
-               KernelCall call, char *error, size_t error_bytes) {
+               KernelCall call, Stats *stats, char *error, size_t error_bytes) {
   L = Launch{};
   L.kernel = kernel;
   L.num_cores = config.num_cores;
@@ -37,6 +37,7 @@ int run_launch(const char *kernel, const LaunchConfig &config, const GmRegion *r
     L.ub_alloc = config.ub_alloc;
     for (int core = 0; core < config.num_cores; ++core) {
       L.core = core;
+      ++L.stats.cores;
       for (auto &word : ub_words) word = random_u64();
       P.reset();
       call();
@@ -46,6 +47,7 @@ int run_launch(const char *kernel, const LaunchConfig &config, const GmRegion *r
     snprintf(error, error_bytes, "%s", e.what());
     return 1;
   }
+  *stats = L.stats;
   return 0;
 }
 

@@ -26,6 +26,7 @@
 // compile error as soon as a kernel calls them.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -168,6 +169,15 @@ template <class T>
 constexpr bool is_alu_lane = is_int_lane<T> || std::is_same_v<T, float>;
 template <class T>
 constexpr bool is_signed_lane = is_alu_lane<T> && std::is_signed_v<T>;
+// The lane types the rearranging instructions (asc_intlv, asc_deintlv, register
+// asc_gather) list: 8-, 16- and 32-bit integers and floats, no FP4 pairs.
+template <class T>
+constexpr bool is_data_lane = is_alu_lane<T> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16_t> ||
+                              std::is_same_v<T, fp8_e4_t> || std::is_same_v<T, fp8_e5_t> ||
+                              std::is_same_v<T, float8_e8m0_t>;
+// The unsigned integer of a lane's width: the index lanes of gathers and scatters.
+template <class T>
+using index_of = std::conditional_t<sizeof(T) == 1, uint8_t, std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>>;
 
 template <class T>
 inline bool active(const vector_bool &mask, int lane) {
@@ -194,11 +204,16 @@ inline float canonical(float x) { return std::isnan(x) ? float_of(F32_NAN) : x; 
 // "subnormals are flushed to zero" for the single-instruction algorithm).
 inline float flush(float x) { return std::fabs(x) < 0x1p-126f ? std::copysign(0.0f, x) : x; }
 
+// One instruction executed (the launch statistics).
+inline void count_instruction() { ++L.stats.vector_instructions; }
+
 // Per-lane result with the predicate: MODE_ZEROING writes 0 to inactive lanes [R
 // arithmetic_compute/asc_add], MODE_MERGING keeps the destination's lane [TL codegen].
+// Every instruction computed through it is counted here.
 template <class T, class Mode, class F>
 inline void lanewise(vreg<T> &dst, const vector_bool &mask, Mode, F f) {
   static_assert(Mode::value == VMI_ZEROING || Mode::value == VMI_MERGING, "this mode is not modelled");
+  count_instruction();
   vreg<T> out;
   for (int i = 0; i < vreg<T>::lanes; ++i)
     out.lane[i] = active<T>(mask, i) ? f(i) : Mode::value == VMI_MERGING ? dst.lane[i] : T{};
@@ -322,48 +337,64 @@ inline void run_simd_vf(const char *name, const std::function<void()> &body) {
       if (V.stored.size() != (size_t)L.ub_alloc) V.stored.assign((size_t)L.ub_alloc, 0);
       barrier_stores();
       V.name = n;
+      L.region = REGION_SIMD;
+      ++L.stats.simd_regions;
     }
     ~Region() {
       barrier_stores();
       V.name = nullptr;
+      L.region = REGION_SCALAR;
     }
   } region(name);
   body();
 }
 
-inline void check_vector_access(const char *what, const char *kind, int64_t at, int64_t bytes, int64_t align,
-                                char *where, size_t where_bytes) {
-  snprintf(where, where_bytes, "%s (vector %s at UB byte %lld)", what, kind, (long long)at);
+// The message is formatted only when a check fails: gathers check every lane.
+inline void check_vector_access(const char *what, const char *kind, int64_t at, int64_t bytes, int64_t align) {
+  if (V.name && at >= 0 && at + bytes <= L.ub_alloc && at % align == 0) return;
+  char where[160];
+  snprintf(where, sizeof where, "%s (vector %s at UB byte %lld)", what, kind, (long long)at);
   if (!V.name) fail("%s outside a __simd_vf__ function", where);
   check_ub(at, bytes, align, where);
 }
 
-// A vector load of the `bytes` UB bytes at byte offset `at`, aligned as its
-// distribution requires.
-inline const uint8_t *vector_read(const char *what, int64_t at, int64_t bytes, int64_t align) {
-  char where[160];
-  check_vector_access(what, "load", at, bytes, align, where, sizeof where);
+// A vector read of UB bytes [at, at + bytes) (bounds checked already): none of them may
+// be a vector store's since the last mem_bar.
+inline void check_stored(const char *what, const char *kind, int64_t at, int64_t bytes) {
   for (int64_t b = at; b < at + bytes; ++b)
     if (V.stored[b])
-      fail("%s: reads UB byte %lld, which a vector store wrote with no asc_mem_bar(VST_VLD) in between", where,
-           (long long)b);
+      fail("%s (vector %s at UB byte %lld): reads UB byte %lld, which a vector store wrote with no "
+           "asc_mem_bar(VST_VLD) in between", what, kind, (long long)at, (long long)b);
+}
+
+// A vector load of the `bytes` UB bytes at byte offset `at`, aligned as its
+// distribution requires: one load instruction.
+inline const uint8_t *vector_read(const char *what, int64_t at, int64_t bytes, int64_t align) {
+  check_vector_access(what, "load", at, bytes, align);
+  check_stored(what, "load", at, bytes);
+  count_instruction();
+  ++L.stats.vector_loads;
   return L.ub + at;
 }
 
+// Bytes a vector store writes (checked already): visible to vector loads after a mem_bar.
+inline void store_bytes(int64_t at, const void *src, size_t n) {
+  memcpy(L.ub + at, src, n);
+  memset(V.stored.data() + at, 1, n);
+  V.ranges.emplace_back(at, at + (int64_t)n);
+}
+
 // A vector store's footprint is checked whole, whatever the mask (ASSUMPTION); `put`
-// then writes the bytes it stores.
+// then writes the bytes it stores. One store instruction.
 struct VectorStore {
   int64_t at;
 
   VectorStore(const char *what, int64_t at_, int64_t bytes, int64_t align) : at(at_) {
-    char where[160];
-    check_vector_access(what, "store", at, bytes, align, where, sizeof where);
+    check_vector_access(what, "store", at, bytes, align);
+    count_instruction();
+    ++L.stats.vector_stores;
   }
-  void put(int64_t byte, const void *src, size_t n) const {
-    memcpy(L.ub + at + byte, src, n);
-    memset(V.stored.data() + at + byte, 1, n);
-    V.ranges.emplace_back(at + byte, at + byte + (int64_t)n);
-  }
+  void put(int64_t byte, const void *src, size_t n) const { store_bytes(at + byte, src, n); }
 };
 
 template <class T>
@@ -386,6 +417,7 @@ inline void simd_vf_call(const char *name, Body body) {
 // only the lowest bit of each lane is set (ASSUMPTION: the page says only that bit
 // counts). VLk past the lane count selects every lane (ASSUMPTION).
 inline vector_bool predicate_pattern(int width_bytes, Pat pattern) {
+  count_instruction();
   const int lanes = VL / width_bytes;
   vector_bool m{};
   for (int i = 0; i < lanes; ++i) {
@@ -416,6 +448,7 @@ inline vector_bool predicate_pattern(int width_bytes, Pat pattern) {
 // asc_update_mask_bN(count) [R reg_data_types/asc_update_mask]: lanes [0, count), and
 // count drops by the lane count.
 inline vector_bool update_mask(int width_bytes, uint32_t &count) {
+  count_instruction();
   const uint32_t lanes = VL / width_bytes;
   vector_bool m{};
   for (uint32_t i = 0; i < lanes && i < count; ++i) m.bit[i * width_bytes] = 1;
@@ -465,6 +498,7 @@ inline vector_bool asc_update_mask_b32(uint32_t &count) { return ascend_sim::upd
 // MaskReg计算/Select].
 #define VMI_ASCEND_SIM_PREDICATE_OP(NAME, EXPR)                                                    \
   inline void NAME(vector_bool &dst, vector_bool a, vector_bool b, vector_bool mask) {              \
+    ascend_sim::count_instruction();                                                                \
     for (int i = 0; i < ascend_sim::VL; ++i) dst.bit[i] = (uint8_t)((EXPR) & mask.bit[i]);         \
   }
 VMI_ASCEND_SIM_PREDICATE_OP(asc_and, a.bit[i] & b.bit[i])
@@ -472,9 +506,11 @@ VMI_ASCEND_SIM_PREDICATE_OP(asc_or, a.bit[i] | b.bit[i])
 VMI_ASCEND_SIM_PREDICATE_OP(asc_xor, a.bit[i] ^ b.bit[i])
 #undef VMI_ASCEND_SIM_PREDICATE_OP
 inline void asc_not(vector_bool &dst, vector_bool a, vector_bool mask) {
+  ascend_sim::count_instruction();
   for (int i = 0; i < ascend_sim::VL; ++i) dst.bit[i] = (uint8_t)(!a.bit[i] & mask.bit[i]);
 }
 inline void asc_select(vector_bool &dst, vector_bool a, vector_bool b, vector_bool mask) {
+  ascend_sim::count_instruction();
   for (int i = 0; i < ascend_sim::VL; ++i) dst.bit[i] = mask.bit[i] ? a.bit[i] : b.bit[i];
 }
 
@@ -633,7 +669,75 @@ inline void asc_storealign_pack_quarter(ascend_sim::ub_ptr<T> dst, ascend_sim::v
     if (active<T>(mask, i)) store.put(i, &src.lane[i], 1);
 }
 
+// ---- gathers and scatters of UB elements ---------------------------------------------
+// [R reg_load/asc_gather ("收集UB中的元素"), reg_store/asc_scatter; RC Reg数据搬入/离散搬入
+// （Gather）, Reg数据搬出/离散搬出（Scatter）]: lane i reads (writes) the element `index[i]`
+// elements past the base (documented unit: elements), which must be 32-byte aligned; every
+// element must lie in UB (documented for gathers). Modelled for 16- and 32-bit elements
+// with index lanes of their width; b8 (widened to b16 lanes, or only even lanes stored) and
+// 16-bit elements with 32-bit indices do not compile. Only active lanes touch UB and each
+// of their elements is checked (ASSUMPTION: the inactive lanes' indices are not used);
+// inactive lanes of a gather are 0 (documented), of a scatter write nothing. A gather is a
+// vector load and a scatter a vector store for asc_mem_bar.
+namespace ascend_sim {
+
+template <class T, class I>
+inline void check_gather_types() {
+  static_assert((sizeof(T) == 2 || sizeof(T) == 4) && std::is_same_v<I, index_of<T>>,
+                "gathers and scatters of UB: element or index type not modelled");
+}
+
+}  // namespace ascend_sim
+
+template <class T, class I>
+inline void asc_gather(ascend_sim::vreg<T> &dst, ascend_sim::ub_ptr<T> src, ascend_sim::vreg<I> index,
+                       vector_bool mask) {
+  using namespace ascend_sim;
+  check_gather_types<T, I>();
+  check_vector_access("asc_gather", "gather base", src.offset, 0, 32);
+  count_instruction();
+  ++L.stats.vector_loads;
+  vreg<T> out{};
+  for (int i = 0; i < vreg<T>::lanes; ++i) {
+    if (!active<T>(mask, i)) continue;
+    const int64_t at = src.offset + (int64_t)index.lane[i] * (int64_t)sizeof(T);
+    check_vector_access("asc_gather", "gather", at, sizeof(T), sizeof(T));
+    check_stored("asc_gather", "gather", at, sizeof(T));
+    memcpy(&out.lane[i], L.ub + at, sizeof(T));
+  }
+  dst = out;
+}
+
+// The indices of a scatter's active lanes must differ: the pages leave which one is kept
+// open, so a repeated index is an error here.
+template <class T, class I>
+inline void asc_scatter(ascend_sim::ub_ptr<T> dst, ascend_sim::vreg<T> src, ascend_sim::vreg<I> index,
+                        vector_bool mask) {
+  using namespace ascend_sim;
+  check_gather_types<T, I>();
+  check_vector_access("asc_scatter", "scatter base", dst.offset, 0, 32);
+  count_instruction();
+  ++L.stats.vector_stores;
+  constexpr int N = vreg<T>::lanes;
+  I used[N];
+  int n = 0;
+  for (int i = 0; i < N; ++i)
+    if (active<T>(mask, i)) used[n++] = index.lane[i];
+  std::sort(used, used + n);
+  for (int k = 1; k < n; ++k)
+    if (used[k] == used[k - 1])
+      fail("asc_scatter (vector scatter at UB byte %lld): two active lanes have the index %llu", (long long)dst.offset,
+           (unsigned long long)used[k]);
+  for (int i = 0; i < N; ++i) {
+    if (!active<T>(mask, i)) continue;
+    const int64_t at = dst.offset + (int64_t)index.lane[i] * (int64_t)sizeof(T);
+    check_vector_access("asc_scatter", "scatter", at, sizeof(T), sizeof(T));
+    store_bytes(at, &src.lane[i], sizeof(T));
+  }
+}
+
 inline void asc_mem_bar(MEM_TYPE kind) {  // [R sync_control/asc_mem_bar]
+  ++ascend_sim::L.stats.mem_bars;
   if (kind == VST_VLD || kind == VV_ALL) ascend_sim::barrier_stores();
 }
 
@@ -746,6 +850,7 @@ inline void asc_axpy(vector_f32 &dst, vector_f32 src, float s, vector_bool mask)
 // asc_select [R compare_and_select/asc_select]: src0's lane where the mask is set, else src1's.
 template <class T>
 inline void asc_select(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> a, ascend_sim::vreg<T> b, vector_bool mask) {
+  ascend_sim::count_instruction();
   for (int i = 0; i < ascend_sim::vreg<T>::lanes; ++i)
     dst.lane[i] = ascend_sim::active<T>(mask, i) ? a.lane[i] : b.lane[i];
 }
@@ -757,6 +862,7 @@ inline void asc_select(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> a, ascend_s
   template <class T>                                                                                         \
   inline void asc_##NAME(vector_bool &dst, ascend_sim::vreg<T> a, ascend_sim::vreg<T> b, vector_bool mask) {  \
     static_assert(ascend_sim::is_alu_lane<T>, "asc_" #NAME ": element type not modelled");                  \
+    ascend_sim::count_instruction();                                                                         \
     vector_bool out{};                                                                                       \
     for (int i = 0; i < ascend_sim::vreg<T>::lanes; ++i)                                                     \
       out.bit[i * sizeof(T)] = ascend_sim::active<T>(mask, i) && a.lane[i] OP b.lane[i];                     \
@@ -765,6 +871,7 @@ inline void asc_select(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> a, ascend_s
   template <class T, class S>                                                                                \
   inline void asc_##NAME##_scalar(vector_bool &dst, ascend_sim::vreg<T> a, S s, vector_bool mask) {          \
     static_assert(ascend_sim::is_alu_lane<T>, "asc_" #NAME "_scalar: element type not modelled");           \
+    ascend_sim::count_instruction();                                                                         \
     vector_bool out{};                                                                                       \
     for (int i = 0; i < ascend_sim::vreg<T>::lanes; ++i)                                                     \
       out.bit[i * sizeof(T)] = ascend_sim::active<T>(mask, i) && a.lane[i] OP(T) s;                          \
@@ -790,26 +897,76 @@ inline void vdup(ascend_sim::vreg<T> &dst, S value, vector_bool mask, Mode mode)
   static_assert(ascend_sim::is_alu_lane<T>, "vdup: element type not modelled");
   ascend_sim::lanewise(dst, mask, mode, [&](int) { return (T)value; });
 }
-// asc_duplicate / asc_duplicate_highest [R data_fill/asc_duplicate]: the lowest (highest) lane everywhere.
+// asc_duplicate [R data_fill/asc_duplicate]: the lowest lane in every active lane
+// (TileLang's vdupv with POS_LOWEST). The highest-lane form simd_inst.h reaches for
+// POS_HIGHEST is in no C API header or page (Duplicate's `pos` takes only LOWEST).
 template <class T>
 inline void asc_duplicate(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> src, vector_bool mask) {
+  static_assert(ascend_sim::is_data_lane<T>, "asc_duplicate: element type not modelled");
   ascend_sim::lanewise(dst, mask, MODE_ZEROING, [&](int) { return src.lane[0]; });
 }
 template <class T>
-inline void asc_duplicate_highest(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> src, vector_bool mask) {
-  ascend_sim::lanewise(dst, mask, MODE_ZEROING, [&](int) { return src.lane[ascend_sim::vreg<T>::lanes - 1]; });
-}
+VMI_UNMODELLED("asc_duplicate_highest")
+void asc_duplicate_highest(ascend_sim::vreg<T> &, ascend_sim::vreg<T>, vector_bool);
 // asc_arange [R index_operate/asc_arange]: value, value + 1, ... (descending: reversed).
 template <class T, class S>
 inline void asc_arange(ascend_sim::vreg<T> &dst, S value) {
   static_assert(ascend_sim::is_alu_lane<T>, "asc_arange: element type not modelled");
+  ascend_sim::count_instruction();
   for (int i = 0; i < ascend_sim::vreg<T>::lanes; ++i) dst.lane[i] = ascend_sim::add((T)value, (T)i);
 }
 template <class T, class S>
 inline void asc_arange_descend(ascend_sim::vreg<T> &dst, S value) {
   static_assert(ascend_sim::is_alu_lane<T>, "asc_arange_descend: element type not modelled");
+  ascend_sim::count_instruction();
   constexpr int N = ascend_sim::vreg<T>::lanes;
   for (int i = 0; i < N; ++i) dst.lane[i] = ascend_sim::add((T)value, (T)(N - 1 - i));
+}
+
+// ---- rearrangements ----------------------------------------------------------------
+// asc_intlv / asc_deintlv [R data_rearrange/asc_intlv, asc_deintlv; RC 数据重排/Interleave,
+// DeInterleave]: the pages draw the layout only in figures. AscendC's Interleave and
+// DeInterleave of UB tensors (impl/basic_api/dav_3510/kernel_operator_vec_duplicate_impl.h,
+// InterleaveImplNormal, DeInterleaveImplNormal) fix it: with N lanes, asc_intlv puts the 2N
+// elements src0[0], src1[0], src0[1], src1[1], ... into dst0 (the first N) and dst1 (the
+// last N); asc_deintlv takes the 2N elements src0, src1 in order and puts the even ones
+// into dst0, the odd ones into dst1. Sources may be the destinations (documented).
+template <class T>
+inline void asc_intlv(ascend_sim::vreg<T> &dst0, ascend_sim::vreg<T> &dst1, ascend_sim::vreg<T> src0,
+                      ascend_sim::vreg<T> src1) {
+  using namespace ascend_sim;
+  static_assert(is_data_lane<T>, "asc_intlv: element type not modelled");
+  count_instruction();
+  constexpr int N = vreg<T>::lanes;
+  for (int j = 0; j < 2 * N; ++j) (j < N ? dst0.lane[j] : dst1.lane[j - N]) = (j % 2 ? src1 : src0).lane[j / 2];
+}
+template <class T>
+inline void asc_deintlv(ascend_sim::vreg<T> &dst0, ascend_sim::vreg<T> &dst1, ascend_sim::vreg<T> src0,
+                        ascend_sim::vreg<T> src1) {
+  using namespace ascend_sim;
+  static_assert(is_data_lane<T>, "asc_deintlv: element type not modelled");
+  count_instruction();
+  constexpr int N = vreg<T>::lanes;
+  for (int k = 0; k < N; ++k) {
+    dst0.lane[k] = (2 * k < N ? src0.lane[2 * k] : src1.lane[2 * k - N]);
+    dst1.lane[k] = (2 * k + 1 < N ? src0.lane[2 * k + 1] : src1.lane[2 * k + 1 - N]);
+  }
+}
+
+// asc_gather of a register [R reg_load/asc_gather, "收集矢量数据寄存器中的元素"; RC
+// 离散操作/Gather] (TileLang's vselr): dst[i] = src[index[i] % N], N the lane count
+// (documented: an index past the register wraps); index lanes have the data's width. The
+// C API has no float form: TileLang's vselr reinterprets f32 lanes as u32.
+template <class T, class I>
+inline void asc_gather(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> src, ascend_sim::vreg<I> index) {
+  using namespace ascend_sim;
+  static_assert(is_data_lane<T> && !std::is_same_v<T, float> && std::is_same_v<I, index_of<T>>,
+                "asc_gather (register): element or index type not modelled");
+  count_instruction();
+  constexpr int N = vreg<T>::lanes;
+  vreg<T> out;
+  for (int i = 0; i < N; ++i) out.lane[i] = src.lane[index.lane[i] % N];
+  dst = out;
 }
 
 // ---- reductions ------------------------------------------------------------------
@@ -885,11 +1042,13 @@ inline A tree_sum(const vreg<T> &src, const vector_bool &mask, int first, int co
 template <class T, class Mode>
 inline void vcmax(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> src, vector_bool mask, Mode) {
   static_assert(Mode::value == VMI_ZEROING, "vcmax: only MODE_ZEROING is modelled");
+  ascend_sim::count_instruction();
   ascend_sim::reduce_extreme<T, true>(dst, src, mask);
 }
 template <class T, class Mode>
 inline void vcmin(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> src, vector_bool mask, Mode) {
   static_assert(Mode::value == VMI_ZEROING, "vcmin: only MODE_ZEROING is modelled");
+  ascend_sim::count_instruction();
   ascend_sim::reduce_extreme<T, false>(dst, src, mask);
 }
 template <class T>
@@ -908,6 +1067,7 @@ inline void asc_reduce_sum(ascend_sim::vreg<D> &dst, ascend_sim::vreg<T> src, ve
                                      : ascend_sim::is_int_lane<T> && sizeof(T) == 2 && sizeof(D) == 4 &&
                                            std::is_signed_v<T> == std::is_signed_v<D>,
                 "asc_reduce_sum: element types not modelled");
+  ascend_sim::count_instruction();
   ascend_sim::vreg<D> out{};
   out.lane[0] = ascend_sim::tree_sum<D>(src, mask, 0, ascend_sim::vreg<T>::lanes);
   dst = out;
@@ -918,6 +1078,7 @@ inline void asc_reduce_sum(ascend_sim::vreg<D> &dst, ascend_sim::vreg<T> src, ve
 template <class T>
 inline void asc_pair_reduce_sum(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> src, vector_bool mask) {
   static_assert(std::is_same_v<T, float>, "asc_pair_reduce_sum: element type not modelled");
+  ascend_sim::count_instruction();
   ascend_sim::vreg<T> out{};
   for (int i = 0; i < ascend_sim::vreg<T>::lanes / 2; ++i)
     out.lane[i] = ascend_sim::tree_sum<T>(src, mask, 2 * i, 2);
@@ -932,6 +1093,7 @@ namespace ascend_sim {
 template <class T, int Kind>  // 0 sum, 1 max, 2 min
 inline void reduce_blocks(vreg<T> &dst, const vreg<T> &src, const vector_bool &mask) {
   static_assert(is_alu_lane<T> && sizeof(T) >= 2, "datablock reductions: element type not modelled");
+  count_instruction();
   constexpr int per_block = 32 / sizeof(T);
   vreg<T> out{};
   for (int k = 0; k < VL / 32; ++k) {

@@ -241,6 +241,7 @@ inline void vcvt(ascend_sim::vreg<D> &dst, ascend_sim::vreg<S> src, vector_bool 
   static_assert(spec.rounds ? c.round >= 0 && (spec.rounds >> c.round & 1) : c.round < 0,
                 "vcvt: rounding mode not available for the pair");
   static_assert(spec.sat == (c.sat >= 0), "vcvt: RS_* does not fit the pair");
+  count_instruction();
   const VmiRound round = c.round < 0 ? VMI_RINT : (VmiRound)c.round;
   const bool saturate = c.sat == VMI_SAT;
   const int part = c.part < 0 ? 0 : c.part;

@@ -64,6 +64,9 @@ inline void syncthreads(int site) {
 
 inline void run_simt(int n, const std::function<void()> &body) {
   if (n <= 0 || n > MAX_SIMT_THREADS) fail("asc_vf_call with %d threads (1 to %d)", n, MAX_SIMT_THREADS);
+  ++L.stats.simt_regions;
+  L.stats.simt_threads += n;
+  L.region = REGION_SIMT;  // a failed check ends the launch, which resets it
   if ((int)T.fibers.size() < n) {
     T.fibers.resize(n);
     T.stacks.assign((size_t)n * FIBER_STACK_BYTES, 0);
@@ -102,7 +105,10 @@ inline void run_simt(int n, const std::function<void()> &body) {
       if (site < 0) site = T.fibers[t].barrier_site;
       mixed |= site != T.fibers[t].barrier_site;
     }
-    if (waiting == 0) return;
+    if (waiting == 0) {
+      L.region = REGION_SCALAR;
+      return;
+    }
     if (done > 0)
       fail("SIMT barrier divergence: %d of %d threads returned while %d wait at asc_syncthreads (line %d)", done, n,
            waiting, site);
