@@ -107,6 +107,23 @@ def test_subnormal_quotient_ties(flavor: str, target: str) -> None:
 
 
 @pytest.mark.parametrize(("flavor", "target"), flavor_targets())
+def test_subnormal_quotients_near_ties_of_both_signs(flavor: str, target: str) -> None:
+    """Quotients just above and below midpoints of the subnormal grid, and exactly on them, with a
+    negative denominator too: the rounding must follow the exact quotient (on Ascend vector lanes it
+    comes from a residual's sign, the vector division flushing subnormals)."""
+    tiny = 2.0**-149
+    rows = []
+    for sign in (1.0, -1.0):
+        for k in (1, 3, 5, 7):
+            for nudge in (-1, 0, 1):
+                # D = 3 * 2^20 (exact); w / D = (k + nudge * 2^-20 / 3 ...) * 2^-150 around the midpoint k.
+                w_tie = k * tiny * 3 * 2.0**19 + nudge * tiny
+                rows.append([sign * 3.0 * 2.0**20 - sign * w_tie, sign * w_tie])
+    w = torch.tensor(rows, dtype=torch.float64).float()
+    check_against_reference(w, flavor, "near ties", target)
+
+
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets())
 def test_negative_weights(flavor: str, target: str) -> None:
     g = generator(6)
     w = (torch.rand(300, 8, generator=g) - 0.3) * 4.0

@@ -4,6 +4,7 @@
     vmi run OP [--shape 4096x7168] [--target cpu|ascend-sim|...] [--flavor ascend] [-o name=value ...]
     vmi bench OP [--shape ...] [--repeat N] [-o name=value ...]
     vmi source OP --target ascend|cuda|cpu [-o name=value ...]
+    vmi source OP --target ascend --stats [--shape ...] [-o name=value ...]
 """
 
 from __future__ import annotations
@@ -145,8 +146,50 @@ def cmd_bench(ops, args) -> int:
 def cmd_source(ops, args) -> int:
     op = _op(ops, args.op)
     options = op.parse_options(args.opt)
+    if args.stats:
+        return _source_stats(op, options, args)
     print(op.source(options, args.target, args.flavor))
     return 0
+
+
+def _source_stats(op: OpInfo, options: dict, args) -> int:
+    """The Ascend kernel's vector regions (static) and what one launch executes on ascend-sim, per
+    element of the op's largest input."""
+    from .ascend_sim import last_launch_stats
+    from .source_checks import dma_counts, region_report
+
+    if args.target not in ("ascend", "ascend-sim"):
+        raise UserError("--stats describes the Ascend kernel: use --target ascend or ascend-sim")
+    shape = args.shape or op.default_shape
+    _check_shape(op, shape)
+    src = op.source(options, "ascend", "ascend")
+    print(f"{op.name} ascend kernel, {', '.join(f'{k}={v}' for k, v in options.items())}")
+    for region in region_report(src):
+        print(f"  {region.kind} region {region.name}: {region.vector_ops} vector instructions in the source, "
+              f"{region.scalar_accesses} scalar UB accesses")
+    gm_to_ub, ub_to_gm = dma_counts(src)
+    print(f"  DMA calls in the source: {gm_to_ub} GM->UB, {ub_to_gm} UB->GM")
+    inputs = op.make_inputs(shape, options, args.seed)
+    op.run(inputs, options, "ascend-sim", "ascend")
+    stats = last_launch_stats()
+    elements = max(t.numel() for t in _tensors(inputs))
+    print(f"one launch on ascend-sim, shape {'x'.join(map(str, shape))} ({elements} elements, {stats['cores']} cores):")
+    for name in ("vector_instructions", "vector_loads", "vector_stores", "simt_ub_accesses",
+                 "simd_scalar_ub_accesses", "scalar_ub_accesses", "dma_gm_to_ub_bytes", "dma_ub_to_gm_bytes"):
+        print(f"  {name.replace('_', ' ')}: {stats[name]} ({stats[name] / elements:.3f} per element)")
+    print(f"  regions launched: {stats['simd_regions']} SIMD, {stats['simt_regions']} SIMT")
+    return 0
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=_positive, default=10)
     source = op_parser("source", "print the generated kernel source")
     source.add_argument("--target", choices=TARGETS, required=True)
+    source.add_argument("--stats", action="store_true",
+                        help="Ascend only: vector regions, and per-element counts of one ascend-sim launch")
+    source.add_argument("--shape", type=_shape, help="the shape --stats runs (default: the op's)")
     return parser
 
 

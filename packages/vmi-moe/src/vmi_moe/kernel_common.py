@@ -19,7 +19,7 @@ writes agree.
 import tilelang.language as T
 
 from vmi_core.tl import formats as F
-from vmi_core.tl.simd import LaneVar, absolute, bitcast, fma, keep, maximum, minimum, select
+from vmi_core.tl.simd import LaneVar, Vec, absolute, bitcast, fma, keep, maximum, minimum, select
 
 # Tokens per work tile: the largest power of two up to 128 whose double-buffered row
 # tiles fit the UB budget, so narrow gates keep more SIMT threads busy and wide ones fit.
@@ -134,20 +134,18 @@ def ordered_sum(terms: list, order: str):
     return terms[0]
 
 
-def quotient(w, d, checked: bool):
-    """``w / d``, correctly rounded (lane-generic).
+# Vector quotients below this are recomputed by ``_small_quotient``: the Ascend vector division
+# flushes subnormal operands and results to zero, and residuals of quotients this small fall into
+# the subnormal range, where they no longer tell the nearest neighbour.
+_SMALL_QUOTIENT = 2.0**-100
+# The dividend of a small quotient is scaled by 2^96: exact, and the scaled quotient and its
+# residuals stay normal (|w / d| < 2^-100 with a finite d means |w| < 2^28).
+_SMALL_SCALE_EXP = 96
 
-    With ``checked`` (devices whose division is only nearly correct) a finite non-zero
-    quotient is replaced by its neighbour below or above (by bit pattern) when that one's residual
-    ``|fma(q', -d, w)|`` is strictly smaller. Where division is IEEE this changes nothing:
-    a correctly rounded quotient has the smallest residual, and keeps it on the exact
-    ties of the subnormal range.
-    """
-    if not checked:
-        return w / d
-    w = keep(w)
-    q = keep(w / d)
-    # Zeros, infinities and NaN stay as divided (their neighbours by bits are no candidates).
+
+def _nearest_by_residual(q, w, d):
+    """``q`` or its neighbour below or above (by bit pattern), whichever has the smallest residual
+    ``|fma(q', -d, w)|``; zeros, infinities and NaN stay (their neighbours are no candidates)."""
     magnitude = keep(bitcast(q, "int32") & 0x7FFFFFFF)
     lower = keep(F.f32_from_bits(F.f32_bits(q) - F.u32(1)))
     upper = keep(F.f32_from_bits(F.f32_bits(q) + F.u32(1)))
@@ -156,3 +154,48 @@ def quotient(w, d, checked: bool):
     pick = keep(select(err_lower < err, lower, q))
     pick = select(absolute(fma(upper, -d, w)) < minimum(err, err_lower), upper, pick)
     return select((magnitude > 0) & (magnitude < 0x7F800000), pick, q)
+
+
+def _small_quotient(w, d):
+    """``w / d`` correctly rounded for ``|w / d| < 2^-100`` (vector lanes): the quotient of the scaled
+    dividend ``w 2^96`` is made nearest by its residual, then scaled back exactly (a normal result)
+    or rounded onto the subnormal grid with the residual's sign as the sticky bit."""
+    scaled = keep(w * F.f32_const(2.0**_SMALL_SCALE_EXP))
+    q = keep(_nearest_by_residual(scaled / d, scaled, d))
+    residual = keep(fma(q, -d, scaled))
+    bits = keep(F.f32_bits(q))
+    exp = keep((bits >> F.u32(23)) & F.u32(0xFF))
+    significand = keep((bits & F.u32(0x7FFFFF)) | F.u32(0x800000))
+    # The result in units of 2^-149 is significand * 2^(exp - 150 - 96 + 149): shift right by 97 - exp.
+    shift = keep(minimum(F.like(F.u32(_SMALL_SCALE_EXP + 1), exp) - minimum(exp, F.u32(_SMALL_SCALE_EXP)),
+                         F.u32(31)))
+    kept = keep(significand >> shift)
+    rest = keep(significand & ((F.like(F.u32(1), shift) << shift) - F.u32(1)))
+    half = keep(F.like(F.u32(1), shift) << (shift - F.u32(1)))
+    # Exactly on a midpoint of the subnormal grid, the exact quotient lies on the residual's side.
+    # residual = d (exact - q): the exact quotient is larger in magnitude when residual, d and q
+    # have the signs of a positive product.
+    product_sign = (bits ^ F.f32_bits(d)) & F.u32(0x80000000)
+    exact_above = residual * F.f32_from_bits(product_sign | F.u32(0x3F800000)) > 0
+    tie_up = (rest == half) & (exact_above | ((residual == 0) & ((kept & F.u32(1)) == F.u32(1))))
+    subnormal = F.f32_from_bits((bits & F.u32(0x80000000)) | (kept + F.flag((rest > half) | tie_up)))
+    return select(exp > F.u32(_SMALL_SCALE_EXP), q * F.f32_const(2.0**-_SMALL_SCALE_EXP), subnormal)
+
+
+def quotient(w, d, checked: bool):
+    """``w / d``, correctly rounded (lane-generic).
+
+    With ``checked`` (devices whose division is only nearly correct) a finite non-zero
+    quotient is replaced by its neighbour below or above (by bit pattern) when that one's residual
+    ``|fma(q', -d, w)|`` is strictly smaller. Where division is IEEE this changes nothing:
+    a correctly rounded quotient has the smallest residual, and keeps it on the exact
+    ties of the subnormal range. Vector lanes (Ascend, whose vector division flushes subnormals)
+    with quotients below 2^-100 take ``_small_quotient``.
+    """
+    if not checked:
+        return w / d
+    w = keep(w)
+    q = keep(_nearest_by_residual(keep(w / d), w, d))
+    if not isinstance(q, Vec):
+        return q
+    return select(absolute(q) < F.f32_const(_SMALL_QUOTIENT), _small_quotient(w, d), q)

@@ -149,19 +149,21 @@ class RowsAt:
     def __init__(self, row0, mask: Pred | None = None):
         self.row0, self.mask = row0, mask
 
-    def _offsets(self, tile):
-        return bitcast(Vec.lane_index(0) * int(tile.shape[1]), "uint32")
+    def _offsets(self, tile, col):
+        # Gathers and scatters take a 32-byte aligned base: the row block's start, the column in
+        # the per-lane element offsets.
+        return bitcast(Vec.lane_index(0) * int(tile.shape[1]) + col, "uint32")
 
     def _mask(self):
         return None if self.mask is None else self.mask.expr
 
     def load(self, tile, col):
-        return Vec(simd().vgather2(tile[self.row0, col], self._offsets(tile).expr, self._mask()))
+        return Vec(simd().vgather2(tile[self.row0, 0], self._offsets(tile, col).expr, self._mask()))
 
     def store(self, tile, col, value):
         value = value if isinstance(value, Vec) else Vec.splat(value, str(tile.dtype))
-        T.evaluate(simd().vscatter(bitcast(value, str(tile.dtype)).expr, tile[self.row0, col],
-                                   self._offsets(tile).expr, self._mask()))
+        T.evaluate(simd().vscatter(bitcast(value, str(tile.dtype)).expr, tile[self.row0, 0],
+                                   self._offsets(tile, col).expr, self._mask()))
 
     def store_row_value(self, tile, value: Vec):
         T.evaluate(simd().vsts(tile[self.row0], bitcast(value, str(tile.dtype)).expr, self._mask(),
