@@ -18,7 +18,6 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, lower_artifact
-from vmi_core.tl.reduce import segment_reduce
 from vmi_core.tl.shell import SIMD, SIMT, SIMT_THREADS, Shell
 
 COLUMNS = 64
@@ -41,8 +40,8 @@ def build_row_scale(block_m: int, target: str):
                 sh.buffer_versions({x: 2, y: 2})
                 sh.copy(X[row0, 0], x)
                 with sh.vector(SIMT):
-                    segment_reduce(amax, block_m, 1, COLUMNS, lambda i, j, x=x: T.max(x[i, j], -x[i, j]), "max",
-                                   T.float32(0))
+                    sh.segment_reduce(amax, (block_m, COLUMNS), COLUMNS,
+                                      lambda at, x=x: T.max(at.load(x), -at.load(x)), "max", T.float32(0))
                     for i, j in T.Parallel(block_m, COLUMNS):
                         y[i, j] = x[i, j] / amax[i, 0]
                 sh.copy(y, Y[row0, 0])

@@ -357,6 +357,9 @@ def phase_barrier():
 
 @T.macro
 def _segment_reduce_scalar(acc, rows: int, segments: int, seg_len: int, value, op: str, init):
+    # The running value stays in a per-lane scalar and ``acc`` is stored once: a read-modify-write
+    # of the tile in the loop would make TileLang put a barrier inside the loop, which lanes past
+    # the last ``(i, s)`` never reach.
     for i, s in T.Parallel(rows, segments):
         running = T.alloc_var(acc.dtype)
         running = init
