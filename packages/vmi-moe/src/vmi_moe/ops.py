@@ -227,7 +227,7 @@ def _backward_source(options, target, flavor):
 
 _PARALLEL_TARGETS = {
     "cpu": "runs; checked against the reference in both flavors",
-    "ascend": "lowers to AscendC (SIMT vector regions); runs on ascend-sim, not yet on an NPU",
+    "ascend": "lowers to AscendC (SIMD and SIMT vector regions); runs on ascend-sim, not yet on an NPU",
     "ascend-sim": "runs the ascend source on the CPU model; checked against the reference (ascend flavor)",
     "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
 }

@@ -192,7 +192,7 @@ def _lossless_nbytes(inputs, outputs) -> int:
 
 _PARALLEL_TARGETS = {
     "cpu": "runs; bit-exact against the reference in both flavors, every option",
-    "ascend": "lowers to AscendC (SIMT vector regions); runs on ascend-sim, not yet on an NPU",
+    "ascend": "lowers to AscendC (SIMD and SIMT vector regions); runs on ascend-sim, not yet on an NPU",
     "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference (ascend flavor)",
     "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
 }
@@ -350,7 +350,7 @@ OPS = [
         options=CAST_OPTIONS,
         targets={
             "cpu": "runs; bit-exact against the reference, every format pair and stochastic rounding",
-            "ascend": "lowers to AscendC (SIMT vector region; DMA only for a same-format cast); runs on ascend-sim, "
+            "ascend": "lowers to AscendC (SIMD vector region; DMA only for a same-format cast); runs on ascend-sim, "
                       "not yet on an NPU",
             "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference",
             "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
@@ -371,7 +371,7 @@ OPS = [
         options=CAST_BACK_OPTIONS,
         targets={
             "cpu": "runs; bit-exact against the reference in both flavors, every block and SF layout",
-            "ascend": "lowers to AscendC (SIMT vector region); runs on ascend-sim, not yet on an NPU",
+            "ascend": "lowers to AscendC (SIMT and SIMD vector regions); runs on ascend-sim, not yet on an NPU",
             "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference (ascend flavor)",
             "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
         },
