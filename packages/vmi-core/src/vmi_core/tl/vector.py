@@ -135,9 +135,6 @@ class RowAt:
         """``tile[i] = value`` for a 1-D tile of per-row values."""
         T.buffer_store(tile, value, [self.i])
 
-    def row(self):
-        return self.i
-
 
 class RowsAt:
     """``LANES`` consecutive rows ``row0 + lane`` of 2-D tiles, one row per lane: columns are read
@@ -168,9 +165,6 @@ class RowsAt:
     def store_row_value(self, tile, value: Vec):
         T.evaluate(simd().vsts(tile[self.row0], bitcast(value, str(tile.dtype)).expr, self._mask(),
                                dist="NORM_B32"))
-
-    def row(self):
-        return Vec.lane_index(self.row0)
 
 
 def decode(fmt: str, at, tile):
@@ -468,7 +462,7 @@ def _rowwise_vector(rows: int, body):
 
 def rowwise(vector: bool, rows: int, body):
     """``body(at)`` for every row of a tile, one lane per row; ``body`` reads and writes through
-    ``at`` (``load``/``store`` of a column, ``store_row_value``, ``row``). The vector form takes
+    ``at`` (``load``/``store`` of a column, ``store_row_value``). The vector form takes
     ``rows`` a multiple of ``LANES``, or fewer (the lanes past them masked), and tiles whose rows
     are 32-byte multiples."""
     if not vector:
