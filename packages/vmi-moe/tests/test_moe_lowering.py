@@ -117,7 +117,7 @@ SIZES = [(16, 6), (36, 32), (72, 6), (144, 6), (256, 8), (384, 8), (500, 32)]
 @pytest.mark.slow
 @pytest.mark.parametrize(("E", "K"), SIZES, ids=[f"E{e}-K{k}" for e, k in SIZES])
 def test_sizes_ascend_lowering_full(E: int, K: int) -> None:
-    check_ascend(topk_gate_source(TopkGateSpec(E, K), "ascend"), "topk_gate_kernel", (1, 1))
+    check_ascend(topk_gate_source(TopkGateSpec(E, K), "ascend"), "topk_gate_kernel", (1, 1), regions=(1, 1))
     spec = gate_spec(GateCase(E, min(K, 30), S=2, dup=2, **ALL))
     check_ascend(moe_topk_gate_source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
 
