@@ -40,10 +40,24 @@ def test_bench_prints_throughput_and_ratio():
 def test_source_for_each_target():
     ascend = vmi("source", "per_token_cast", "--target", "ascend")
     assert ascend.returncode == 0, ascend.stderr
-    assert "__simt_vf__" in ascend.stdout and "asc_copy_gm2ub_align" in ascend.stdout
+    assert "__simd_vf__" in ascend.stdout and "__simt_vf__" in ascend.stdout
+    assert "asc_copy_gm2ub_align" in ascend.stdout
     cuda = vmi("source", "per_token_cast", "--target", "cuda", "-o", "fmt=e2m1")
     assert cuda.returncode == 0, cuda.stderr
     assert "__global__" in cuda.stdout
+
+
+def test_source_stats_count_one_ascend_sim_launch():
+    # cast fp32 -> bf16: one 64-lane iteration per 64 elements, DMA 4 bytes in and 2 out per element.
+    result = vmi("source", "cast", "--target", "ascend", "--stats", "--shape", "64x256")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "simd region" in out and "16384 elements" in out
+    assert "dma gm to ub bytes: 65536 (4.000 per element)" in out
+    assert "dma ub to gm bytes: 32768 (2.000 per element)" in out
+    assert "vector loads: 256 (0.016 per element)" in out and "simt ub accesses: 0 " in out
+    refused = vmi("source", "cast", "--target", "cuda", "--stats")
+    assert refused.returncode == 2 and "--stats" in refused.stderr
 
 
 def test_bad_option_is_a_clear_error():
