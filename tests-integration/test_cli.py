@@ -29,12 +29,34 @@ def test_run_checks_against_the_reference(options):
     assert "speed-up" in result.stdout
 
 
-def test_bench_prints_throughput_and_ratio():
-    result = vmi("bench", "per_token_cast", "--shape", "128x512", "--repeat", "1")
+def test_bench_prints_kernel_reference_baseline_and_copy_bandwidth():
+    result = vmi("bench", "per_token_cast", "--shape", "256x512", "--repeat", "1", "--threads", "1")
     assert result.returncode == 0, result.stdout + result.stderr
-    header, row = result.stdout.strip().splitlines()[-2:]
-    assert "GB/s" in header and "ratio" in header
-    assert row.split()[0] == "128x512" and "MISMATCH" not in row
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("per_token_cast (cpu, 1 thread, flavor ascend) options: fmt=e4m3")
+    assert "copy bandwidth" in lines[1] and "GB/s" in lines[1]
+    assert lines[2].startswith("  baseline: torch ops")
+    header, row = lines[3], lines[4]
+    for column in ("kernel", "reference", "baseline", "baseline run", "kernel/ref", "vs baseline", "% copy"):
+        assert column in header, header
+    assert row.split()[0] == "256x512" and row.count("GB/s") == 3 and "MISMATCH" not in row
+    # 256 rows: the whole tensor and 128-row chunks are tried, the faster named; E4M3 by torch gives the same bits.
+    assert ("whole, same" in row or "chunked 128, same" in row) and row.rstrip().endswith("%"), row
+    assert not any(line.startswith("per_token_cast (cpu, 2 threads") for line in lines)
+
+
+def test_bench_decode_sizes_in_microseconds_per_thread_count(capsys):
+    """In process (no interpreter start): a decode size, both thread counts."""
+    from vmi_core.cli import main
+
+    assert main(["bench", "topk_gate", "--shape", "4x256", "--repeat", "1", "--threads", "1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "(cpu, 1 thread," in out and "(cpu, 2 threads," in out
+    rows = [line for line in out.splitlines() if line.split()[:1] == ["4x256"]]
+    assert len(rows) == 2
+    for row in rows:
+        assert row.count(" us") == 3 and "whole, same" in row, row
+    assert "kernel/baseline" in out and "goal <= 3" in out
 
 
 def test_source_for_each_target():
@@ -74,6 +96,7 @@ def test_bad_option_is_a_clear_error():
     (["run", "per_token_cast", "-o", "no_such_option=1"], "has no option 'no_such_option'"),
     (["run", "per_token_cast", "--repeat", "0"], "argument --repeat: must be a positive integer, got 0"),
     (["bench", "per_token_cast", "--repeat", "-3"], "argument --repeat: must be a positive integer"),
+    (["bench", "per_token_cast", "--threads", "1,x"], "argument --threads: must be positive integers"),
     (["run", "per_token_cast", "--shape", "64"], "--shape: per_token_cast takes a 2-D shape"),
     (["run", "per_token_cast", "--shape", "4x-64"], "argument --shape: shape sizes must not be negative"),
     (["run", "per_block_cast", "--shape", "3x5"], "multiples of 128"),

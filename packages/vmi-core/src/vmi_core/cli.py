@@ -2,7 +2,7 @@
 
     vmi list
     vmi run OP [--shape 4096x7168] [--target cpu|ascend-sim|...] [--flavor ascend] [-o name=value ...]
-    vmi bench OP [--shape ...] [--repeat N] [-o name=value ...]
+    vmi bench OP [--shape ...] [--repeat N] [--threads 1,2] [-o name=value ...]
     vmi source OP --target ascend|cuda|cpu [-o name=value ...]
     vmi source OP --target ascend --stats [--shape ...] [-o name=value ...]
 """
@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from . import bench
 from .registry import OpInfo, discover
 from .targets import FLAVORS, TARGETS, device_of, flavor_argument, resolve_flavor
 
@@ -43,6 +44,13 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
+
+
+def _thread_counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(_positive(part) for part in text.split(","))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be positive integers separated by commas, got {text!r}") from None
 
 
 def _check_device(target: str) -> None:
@@ -123,24 +131,105 @@ def cmd_run(ops, args) -> int:
     return 0
 
 
+# Shapes with at most this many rows are decode sizes: reported in microseconds per call.
+DECODE_ROWS = 16
+
+
+def _baseline_runs(baseline, num_rows: int) -> list[int | None]:
+    """The row chunkings to try: the whole tensor and 128-row chunks (the reference fallback: chunks only)."""
+    if not baseline.chunks or num_rows <= bench.CHUNK_ROWS:
+        return [None]
+    return [bench.CHUNK_ROWS] if baseline.is_reference else [None, bench.CHUNK_ROWS]
+
+
+def _bench_shape(op: OpInfo, options: dict, inputs: dict, flavor: str, repeat: int) -> dict:
+    """Times (best of ``repeat``) of the kernel, the reference and the baseline at one shape."""
+    outputs, kernel_s = bench.best_time(lambda: op.run(inputs, options, "cpu", flavor), repeat)
+    expected, ref_s = bench.best_time(lambda: op.reference(inputs, options, flavor), repeat)
+    row = {"kernel_s": kernel_s, "ref_s": ref_s, "nbytes": op.nbytes(inputs, outputs),
+           "kernel_ok": not op.check(outputs, expected)}
+    baseline = op.baseline(options)
+    num_rows = next(_tensors(inputs)).shape[0]
+    try:
+        best = None
+        for rows in _baseline_runs(baseline, num_rows):
+            result, seconds = bench.best_time(lambda rows=rows: baseline.run(inputs, flavor, rows), repeat)
+            if best is None or seconds < best[1]:
+                best = (result, seconds, rows)
+        result, row["base_s"], rows = best
+        how = ("reference " if baseline.is_reference else "") + ("whole" if rows is None else f"chunked {rows}")
+        if op.check(result, expected):
+            bits = "differs"
+        else:
+            bits = "same" if op.check_criterion == "bit for bit" else "close"
+        row["base_how"] = f"{how}, {bits}"
+    except Exception as error:  # shown in the table; the command then exits with status 1
+        row["base_error"] = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+    return row
+
+
+def _throughput_line(shape, r: dict, copy_bps: float) -> str:
+    def timed(seconds: float) -> str:
+        return f"{seconds * 1e3:9.2f} ms {r['nbytes'] / seconds / 1e9:6.2f} GB/s"
+    line = f"  {'x'.join(map(str, shape)):>11}  {timed(r['kernel_s'])}  {timed(r['ref_s'])}"
+    if "base_error" in r:
+        return line + f"  baseline error: {r['base_error']}"
+    return line + (f"  {timed(r['base_s'])}  {r['base_how']:<27} {r['ref_s'] / r['kernel_s']:>10.1f}"
+                   f"  {r['base_s'] / r['kernel_s']:>11.2f}  {100 * r['nbytes'] / r['kernel_s'] / copy_bps:>5.1f}%")
+
+
+def _decode_line(shape, r: dict) -> str:
+    line = f"  {'x'.join(map(str, shape)):>11}  {r['kernel_s'] * 1e6:9.1f} us  {r['ref_s'] * 1e6:9.1f} us"
+    if "base_error" in r:
+        return line + f"  baseline error: {r['base_error']}"
+    return line + (f"  {r['base_s'] * 1e6:9.1f} us  {r['base_how']:<27} {r['ref_s'] / r['kernel_s']:>10.1f}"
+                   f"  {r['kernel_s'] / r['base_s']:>15.2f}")
+
+
 def cmd_bench(ops, args) -> int:
     op = _op(ops, args.op)
+    if op.baseline is None:
+        raise UserError(f"{op.name} declares no torch baseline to benchmark against")
     options = op.parse_options(args.opt)
     shapes = [args.shape] if args.shape else list(op.bench_shapes)
     for shape in shapes:
         _check_shape(op, shape)
-    print(f"{op.name} on cpu vs its torch reference ({torch.get_num_threads()} torch threads), "
-          f"options: {', '.join(f'{k}={v}' for k, v in options.items())}")
-    print(f"{'shape':>14} {'kernel GB/s':>12} {'torch GB/s':>11} {'ratio':>7}")
-    for shape in shapes:
-        inputs = op.make_inputs(shape, options, args.seed)
-        outputs, kernel_s = _timed(lambda inputs=inputs: op.run(inputs, options, "cpu", args.flavor), args.repeat)
-        expected, ref_s = _timed(lambda inputs=inputs: op.reference(inputs, options, args.flavor), args.repeat)
-        status = "" if not op.check(outputs, expected) else "  (MISMATCH)"
-        nbytes = op.nbytes(inputs, outputs)
-        print(f"{'x'.join(map(str, shape)):>14} {nbytes / kernel_s / 1e9:>12.3f} {nbytes / ref_s / 1e9:>11.3f} "
-              f"{ref_s / kernel_s:>7.2f}{status}")
-    return 0
+    flavor = args.flavor
+    shown = ", ".join(f"{k}={v}" for k, v in options.items())
+    inputs_of: dict = {}
+    failed = False
+    for n in args.threads:
+        with bench.threads(n):
+            copy_bps = bench.copy_bandwidth()
+            print(f"{op.name} (cpu, {n} thread{'s' if n > 1 else ''}, flavor {flavor}) options: {shown}")
+            print(f"  copy bandwidth {copy_bps / 1e9:.1f} GB/s (dst.copy_(src) of 256 MiB uint8, bytes read + "
+                  f"written, best of 5)")
+            print(f"  baseline: {op.baseline(options).what}")
+            rows = {}
+            for shape in shapes:
+                if shape not in inputs_of:
+                    inputs_of[shape] = op.make_inputs(shape, options, args.seed)
+                rows[shape] = _bench_shape(op, options, inputs_of[shape], flavor, args.repeat)
+            mismatch = {shape: "" if r["kernel_ok"] else "  (KERNEL MISMATCH)" for shape, r in rows.items()}
+            big = [shape for shape in shapes if shape[0] > DECODE_ROWS]
+            if big:
+                print(f"  {'shape':>11}  {'kernel':>24}  {'reference':>24}  {'baseline':>24}  {'baseline run':<27} "
+                      f"{'kernel/ref':>10}  {'vs baseline':>11}  {'% copy':>6}")
+                for shape in big:
+                    print(_throughput_line(shape, rows[shape], copy_bps) + mismatch[shape])
+            small = [shape for shape in shapes if shape[0] <= DECODE_ROWS]
+            if small:
+                print(f"  {'decode':>11}  {'kernel':>12}  {'reference':>12}  {'baseline':>12}  {'baseline run':<27} "
+                      f"{'kernel/ref':>10}  {'kernel/baseline':>15}")
+                for shape in small:
+                    print(_decode_line(shape, rows[shape]) + mismatch[shape])
+            failed |= any("base_error" in r or not r["kernel_ok"] for r in rows.values())
+    print(f"times: best of {args.repeat} after a warm-up call. kernel/ref: reference time / kernel time. "
+          f"vs baseline: baseline time / kernel time (> 1: the kernel is faster).")
+    print("% copy: the kernel's GB/s as a share of the copy bandwidth. kernel/baseline (decode sizes): "
+          "kernel us / baseline us (goal <= 3).")
+    print(f"same / close / differs: the baseline's outputs against the reference ({op.check_criterion}).")
+    return 1 if failed else 0
 
 
 def cmd_source(ops, args) -> int:
@@ -218,9 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shape", type=_shape)
     run.add_argument("--target", choices=TARGETS, default="cpu")
     run.add_argument("--repeat", type=_positive, default=3)
-    bench = op_parser("bench", "throughput of the cpu kernel and the torch reference")
-    bench.add_argument("--shape", type=_shape)
-    bench.add_argument("--repeat", type=_positive, default=10)
+    bench_parser = op_parser("bench", "the cpu kernel against the torch reference, a torch baseline and the "
+                                      "machine's copy bandwidth")
+    bench_parser.add_argument("--shape", type=_shape)
+    bench_parser.add_argument("--repeat", type=_positive, default=10)
+    bench_parser.add_argument("--threads", type=_thread_counts, default=(1, 2), metavar="1,2",
+                              help="thread counts to run (torch threads and VMI_CPU_THREADS), default 1,2")
     source = op_parser("source", "print the generated kernel source")
     source.add_argument("--target", choices=TARGETS, required=True)
     source.add_argument("--stats", action="store_true",

@@ -17,7 +17,7 @@ from vmi_core.softplus import sqrt_softplus
 from vmi_core.targets import device_of, flavor_argument, resolve_flavor
 from vmi_core.testing import bitwise_mismatches, compare_named, generator, randn
 
-from . import reference
+from . import baselines, reference
 from .moe_topk_gate import moe_topk_gate_forward
 from .moe_topk_gate_backward import moe_topk_gate_backward
 from .moe_topk_gate_backward_parallel import GateBackwardSpec, moe_topk_gate_backward_source
@@ -231,7 +231,10 @@ _PARALLEL_TARGETS = {
     "ascend-sim": "runs the ascend source on the CPU model; checked against the reference (ascend flavor)",
     "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
 }
-_SHAPES = ((16384, 256), (4096, 384), (1024, 72))
+# Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
+_SHAPES = ((16384, 256), (4096, 384), (1024, 72), (1, 256), (4, 256), (16, 256))
+# The backward's default two sequences need an even number of tokens.
+_BACKWARD_SHAPES = ((16384, 256), (4096, 384), (1024, 72), (2, 256), (4, 256), (16, 256))
 
 OPS = [
     OpInfo(
@@ -248,13 +251,14 @@ OPS = [
         check=compare_named(("topk_idx",)),
         source=_topk_source,
         nbytes=_nbytes,
+        baseline=baselines.topk_gate_baseline,
     ),
     OpInfo(
         name="normalize_weight",
         family="moe",
         summary="renormalise selected expert weights, summed in the gate's order",
         default_shape=(16384, 8),
-        bench_shapes=((65536, 8), (16384, 8), (4096, 6)),
+        bench_shapes=((65536, 8), (16384, 8), (4096, 6), (1, 8), (4, 8), (16, 8)),
         options=NORMALIZE_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_normalize_inputs,
@@ -263,6 +267,7 @@ OPS = [
         check=compare_named(("denominator", "normalized_weights")),
         source=_normalize_source,
         nbytes=_nbytes,
+        baseline=baselines.normalize_weight_baseline,
     ),
     OpInfo(
         name="moe_topk_gate",
@@ -279,6 +284,7 @@ OPS = [
         source=_gate_source,
         nbytes=_nbytes,
         aliases=("moe_topk_gate_forward",),
+        baseline=lambda options: baselines.moe_topk_gate_baseline(options, _SCALE),
         check_criterion="(expert sets bit for bit; weights and scores to rtol 1e-5)",
     ),
     OpInfo(
@@ -286,7 +292,7 @@ OPS = [
         family="moe",
         summary="gradient of the MoE gate's weights and sequence-level auxiliary statistic w.r.t. the logits",
         default_shape=(4096, 256),
-        bench_shapes=_SHAPES,
+        bench_shapes=_BACKWARD_SHAPES,
         options=BACKWARD_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_backward_inputs,
@@ -295,6 +301,7 @@ OPS = [
         check=_backward_check,
         source=_backward_source,
         nbytes=_nbytes,
+        baseline=lambda options: baselines.moe_topk_gate_backward_baseline(options, _SCALE),
         check_criterion="to rtol 1e-5, atol 1e-5 * max|reference|",
     ),
 ]

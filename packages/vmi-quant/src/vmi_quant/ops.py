@@ -9,7 +9,7 @@ from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import device_of, flavor_argument, resolve_flavor
 from vmi_core.testing import compare_named, randn
 
-from . import reference
+from . import baselines, reference
 from .cast import cast
 from .cast_back import cast_back
 from .cast_back_parallel import CastBackSpec, cast_back_source
@@ -190,6 +190,11 @@ def _lossless_nbytes(inputs, outputs) -> int:
     return sum(t.numel() * t.element_size() for t in (*inputs["x"], *outputs))
 
 
+# Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
+_BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168), (1, 7168), (4, 7168), (16, 7168))
+# per_block_cast(_lossless) need M and K multiples of 128: no decode sizes.
+_BLOCK_BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168))
+
 _PARALLEL_TARGETS = {
     "cpu": "runs; bit-exact against the reference in both flavors, every option",
     "ascend": "lowers to AscendC (SIMD and SIMT vector regions); runs on ascend-sim, not yet on an NPU",
@@ -286,7 +291,7 @@ OPS = [
         family="quant",
         summary="per-token FP8 (E4M3) / FP4 (E2M1) quantization with per-group scaling factors",
         default_shape=(1024, 4096),
-        bench_shapes=((4096, 7168), (1024, 4096), (128, 7168)),
+        bench_shapes=_BENCH_SHAPES,
         options=PER_TOKEN_CAST_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_ptc_inputs,
@@ -295,13 +300,14 @@ OPS = [
         check=_compare_data_sf,
         source=_ptc_source,
         nbytes=_nbytes,
+        baseline=lambda options: baselines.per_token_cast_baseline(options, _ptc_reference),
     ),
     OpInfo(
         name="per_token_cast_and_cast_back",
         family="quant",
         summary="in-place per-token FP8/FP4 quantize-dequantize round trip (quantization noise)",
         default_shape=(1024, 4096),
-        bench_shapes=((4096, 7168), (1024, 4096), (128, 7168)),
+        bench_shapes=_BENCH_SHAPES,
         options=ROUND_TRIP_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_ptc_inputs,
@@ -310,13 +316,14 @@ OPS = [
         check=compare_named(("x",)),
         source=_round_trip_source,
         nbytes=lambda inputs, outputs: 2 * inputs["x"].numel() * inputs["x"].element_size(),
+        baseline=baselines.round_trip_baseline,
     ),
     OpInfo(
         name="per_block_cast",
         family="quant",
         summary="per-block (bm x bk) FP8 (E4M3) / FP4 (E2M1) quantization with block scaling factors",
         default_shape=(1024, 4096),
-        bench_shapes=((4096, 7168), (1024, 4096), (128, 7168)),
+        bench_shapes=_BLOCK_BENCH_SHAPES,
         options=PER_BLOCK_CAST_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_ptc_inputs,
@@ -325,13 +332,14 @@ OPS = [
         check=_compare_data_sf,
         source=_pbc_source,
         nbytes=_nbytes,
+        baseline=baselines.per_block_cast_baseline,
     ),
     OpInfo(
         name="per_block_cast_lossless",
         family="quant",
         summary="exact FP4 -> E4M3 re-quantization to larger scaling blocks",
         default_shape=(1024, 4096),
-        bench_shapes=((4096, 7168), (1024, 4096), (128, 7168)),
+        bench_shapes=_BLOCK_BENCH_SHAPES,
         options=LOSSLESS_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_lossless_inputs,
@@ -340,13 +348,14 @@ OPS = [
         check=_compare_data_sf,
         source=_lossless_source,
         nbytes=_lossless_nbytes,
+        baseline=baselines.lossless_baseline,
     ),
     OpInfo(
         name="cast",
         family="quant",
         summary="elementwise fp32 / bf16 / E4M3 conversion, optionally with stochastic rounding",
         default_shape=(1024, 4096),
-        bench_shapes=((4096, 7168), (1024, 4096), (128, 7168)),
+        bench_shapes=_BENCH_SHAPES,
         options=CAST_OPTIONS,
         targets={
             "cpu": "runs; bit-exact against the reference, every format pair and stochastic rounding",
@@ -361,13 +370,14 @@ OPS = [
         check=_compare_tensor,
         source=_cast_source,
         nbytes=_cast_nbytes,
+        baseline=lambda options: baselines.cast_baseline(options, _cast_reference, _CAST_DTYPES),
     ),
     OpInfo(
         name="cast_back",
         family="quant",
         summary="dequantization of E4M3 / FP4 data with block scaling factors to bf16 / fp32",
         default_shape=(1024, 4096),
-        bench_shapes=((4096, 7168), (1024, 4096), (128, 7168)),
+        bench_shapes=_BENCH_SHAPES,
         options=CAST_BACK_OPTIONS,
         targets={
             "cpu": "runs; bit-exact against the reference in both flavors, every block and SF layout",
@@ -381,6 +391,7 @@ OPS = [
         check=_compare_tensor,
         source=_cast_back_source,
         nbytes=_cast_back_nbytes,
+        baseline=baselines.cast_back_baseline,
         aliases=("per_token_cast_back",),
     ),
 ]

@@ -1,0 +1,134 @@
+"""Benchmark primitives of the ``vmi bench`` command: timing, thread counts, the machine's copy
+bandwidth, row-chunked execution, and the ``Baseline`` an op declares.
+
+A baseline is the fastest straightforward torch composition of an op (what a competent PyTorch
+user would write with native torch ops), so that a kernel is judged against real torch code
+rather than against the bit-manipulating reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .cpu_parallel import THREADS_ENV
+
+# Row chunks whose temporaries stay in cache: the chunk the baselines try besides the whole tensor.
+CHUNK_ROWS = 128
+COPY_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """An op's baseline for one set of options.
+
+    ``run(inputs, flavor, rows)`` -> outputs in the structure of the op's ``run`` (so the op's
+    ``check`` compares them with the reference), computed over ``rows``-row chunks (``None``:
+    the whole tensor at once). ``what`` says in a few words what it is; ``same_bits`` claims that
+    its outputs pass the op's ``check`` against the reference (bit for bit, or the op's stated
+    tolerance) on the op's inputs; a test holds the claim; ``is_reference``
+    marks the fallback that runs the reference itself; ``chunks`` is False when ``rows`` is
+    ignored (the op's result depends on more than one chunk's rows).
+    """
+
+    run: Callable
+    what: str
+    same_bits: bool = True
+    is_reference: bool = False
+    chunks: bool = True
+
+
+def chunked_reference(reference: Callable, slice_inputs: Callable | None, num_rows: Callable | None,
+                      reason: str) -> Baseline:
+    """The fallback baseline: ``reference(inputs, flavor)`` over row chunks.
+
+    ``slice_inputs(inputs, start, stop)`` gives the inputs of rows ``[start, stop)``;
+    ``num_rows(inputs)`` the number of rows (both ``None``: the reference cannot be run in
+    chunks, it runs whole); ``reason`` says why torch ops are not used.
+    """
+    if slice_inputs is None:
+        return Baseline(lambda inputs, flavor, rows: reference(inputs, flavor),
+                        f"the reference, whole ({reason})", is_reference=True, chunks=False)
+
+    def run(inputs, flavor, rows):
+        return in_row_chunks(lambda start, stop: reference(slice_inputs(inputs, start, stop), flavor),
+                             num_rows(inputs), rows)
+    return Baseline(run, f"the reference in row chunks ({reason})", is_reference=True)
+
+
+def _as_tuple(outputs) -> tuple[tuple, bool]:
+    if isinstance(outputs, torch.Tensor):
+        return (outputs,), True
+    return tuple(outputs), False
+
+
+def in_row_chunks(fn: Callable, num_rows: int, rows: int | None):
+    """``fn(start, stop)`` (a tensor or a tuple of tensors for rows ``[start, stop)``) over chunks of
+    ``rows`` rows (``None``: one call over all rows), assembled into full outputs.
+
+    Each output's first dimension is taken to scale with the rows (a per-row output, or a per-block
+    one like an SF grid with ``rows`` a multiple of the block): the outputs are allocated once from
+    the first chunk and every chunk is copied into place while it is still in cache.
+    """
+    if rows is None or rows >= num_rows:
+        return fn(0, num_rows)
+    first, single = _as_tuple(fn(0, rows))
+    outs = []
+    for t in first:
+        total = -(-num_rows * t.shape[0] // rows)
+        out = torch.empty((total, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        out[:t.shape[0]].copy_(t)
+        outs.append(out)
+    offsets = [t.shape[0] for t in first]
+    for start in range(rows, num_rows, rows):
+        chunk, _ = _as_tuple(fn(start, min(start + rows, num_rows)))
+        for i, t in enumerate(chunk):
+            outs[i][offsets[i]:offsets[i] + t.shape[0]].copy_(t)
+            offsets[i] += t.shape[0]
+    for out, offset in zip(outs, offsets, strict=True):
+        if offset != out.shape[0]:
+            raise ValueError(f"in_row_chunks: an output's rows do not scale with the input rows "
+                             f"({offset} written of {out.shape[0]})")
+    return outs[0] if single else tuple(outs)
+
+
+def best_time(fn: Callable, repeat: int) -> tuple[object, float]:
+    """The result of ``fn()`` and its best (minimum) wall time in seconds over ``repeat`` runs after one
+    warm-up call."""
+    result = fn()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return result, best
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    """Run the block with ``n`` torch threads and ``n`` vmi cpu-kernel threads (``VMI_CPU_THREADS``)."""
+    saved_torch, saved_env = torch.get_num_threads(), os.environ.get(THREADS_ENV)
+    torch.set_num_threads(n)
+    os.environ[THREADS_ENV] = str(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved_torch)
+        if saved_env is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = saved_env
+
+
+def copy_bandwidth(nbytes: int = COPY_BYTES, repeat: int = 5) -> float:
+    """Bytes per second of ``dst.copy_(src)`` of an ``nbytes`` uint8 buffer (bytes read + written),
+    best of ``repeat`` after a warm-up, with the current torch thread count."""
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    _, seconds = best_time(lambda: dst.copy_(src), repeat)
+    return 2 * nbytes / seconds

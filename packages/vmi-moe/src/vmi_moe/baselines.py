@@ -1,0 +1,99 @@
+"""Speed baselines of the MoE routing ops for ``vmi bench``: the straightforward torch composition of
+each op (``torch.topk``, ``F.softplus``, sums and divisions in fp32), in the structure of the op's
+``run`` outputs. Row sums use torch's own order, so weights may differ from the reference's
+(sequential or butterfly) sums in the last bit; the bench shows whether they do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vmi_core.bench import Baseline, in_row_chunks
+
+EPSILON = 1e-20
+
+
+def topk_gate_baseline(options):
+    k = options["num_topk"]
+
+    def run(inputs, flavor, rows):
+        scores = inputs["scores"]
+        return (in_row_chunks(lambda a, b: torch.topk(scores[a:b], k, dim=1).indices, scores.shape[0], rows),)
+    return Baseline(run, "torch.topk(scores, k).indices")
+
+
+def normalize_weight_baseline(options):
+    def one(w):
+        denom = w.sum(-1) + EPSILON
+        return denom, w / denom.unsqueeze(-1)
+
+    def run(inputs, flavor, rows):
+        w = inputs["topk_weights"]
+        return in_row_chunks(lambda a, b: one(w[a:b]), w.shape[0], rows)
+    return Baseline(run, "torch ops: d = w.sum(-1) + 1e-20, w / d", same_bits=False)
+
+
+def moe_topk_gate_baseline(options, scale: float):
+    k, shared = options["num_topk"], options["num_shared_experts"]
+
+    def one(logits, bias, mask):
+        scores = F.softplus(logits).sqrt()
+        keys = scores if bias is None else scores + bias
+        idx = torch.topk(keys, k, dim=1).indices
+        w = scores.gather(1, idx)
+        weights = w / (w.sum(-1, keepdim=True) + EPSILON) * scale
+        if shared:
+            n, e = logits.shape
+            idx = torch.cat([idx, torch.arange(e, e + shared).expand(n, shared)], dim=1)
+            weights = torch.cat([weights, weights.new_ones(n, shared)], dim=1)
+        if mask is not None:
+            keep = mask.unsqueeze(1)
+            idx = torch.where(keep, idx, -1)
+            weights = torch.where(keep, weights, 0.0)
+            scores = torch.where(keep, scores, 0.0)
+        return idx, weights, scores
+
+    def run(inputs, flavor, rows):
+        logits, bias, mask = inputs["logits"], inputs["bias"], inputs["mask"]
+        return in_row_chunks(lambda a, b: one(logits[a:b], bias, None if mask is None else mask[a:b]),
+                             logits.shape[0], rows)
+    return Baseline(run, "torch ops: F.softplus(x).sqrt(), torch.topk(scores + bias), gather, w / w.sum(), "
+                         "shared experts by torch.cat, mask by torch.where")
+
+
+def moe_topk_gate_backward_baseline(options, scale: float):
+    def one(scores, idx, weights, grad, mask, h):
+        valid = idx >= 0
+        slots = idx.clamp_min(0)
+        g = torch.where(valid, grad, 0.0)
+        denom = torch.where(valid, scores.gather(1, slots), 0.0).sum(-1, keepdim=True) + EPSILON
+        inner = (g * weights).sum(-1, keepdim=True)
+        delta = torch.where(valid, (scale * g - inner) / denom, 0.0)
+        total = torch.zeros_like(scores).scatter_add_(1, slots, delta)
+        if h is not None:
+            inv = torch.where(mask.unsqueeze(1), 1.0 / scores.sum(-1, keepdim=True), 0.0)
+            total += (h - (h * scores).sum(-1, keepdim=True) * inv) * inv
+        positive = scores > 0
+        safe = torch.where(positive, scores, 1.0)
+        dy = torch.where(positive, -torch.expm1(-safe * safe) / (2 * safe), 0.0)
+        return dy * total
+
+    def run(inputs, flavor, rows):
+        scores, h = inputs["scores"], inputs["grad_scores_sum"]
+        tokens = scores.shape[0]
+        per_seq = None if h is None else tokens // h.shape[0]
+
+        def chunk(a, b):
+            # The rows of grad_scores_sum of tokens a..b-1: one broadcast row when the chunk lies in one sequence.
+            if h is None:
+                hs = None
+            elif a // per_seq == (b - 1) // per_seq:
+                hs = h[a // per_seq].unsqueeze(0)
+            else:
+                hs = h.repeat_interleave(per_seq, dim=0)[a:b]
+            return one(scores[a:b], inputs["topk_idx"][a:b], inputs["topk_weights"][a:b],
+                       inputs["grad_topk_weights"][a:b], None if h is None else inputs["mask"][a:b], hs)
+        return (in_row_chunks(chunk, tokens, rows),)
+    return Baseline(run, "torch ops in fp32: gather, sums, scatter_add_, the aux term by broadcasting, "
+                         "-expm1(-u^2) / 2u")

@@ -1,0 +1,274 @@
+"""Speed baselines of the quantization ops for ``vmi bench``: the straightforward torch composition
+of each op (native torch ops, no bit-level emulation), in the structure of the op's ``run`` outputs.
+
+E4M3 is torch's ``float8_e4m3fn`` conversion; E2M1, which torch cannot convert to, is rounded with
+seven comparisons against the midpoints of its grid and packed two nibbles a byte. Options a
+baseline does not model (stochastic rounding) fall back to the reference in row chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vmi_core.bench import Baseline, chunked_reference, in_row_chunks
+from vmi_core.targets import get_flavor
+
+from .config import get_amax_clamp_for_quant
+
+_Q = {"e4m3": 448.0, "e2m1": 6.0}
+_E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# Midpoints between neighbouring E2M1 magnitudes; a tie rounds to the even code, i.e. down at 0.25, 1.25,
+# 2.5 and 5 and up at 0.75, 1.75 and 3.5. ``|y| > t`` counts a code step, with the up-ties moved one
+# fp32 ulp down so that the tie itself counts.
+_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_E2M1_TIE_UP = (False, True, False, True, False, True, False)
+
+
+def _e2m1_thresholds() -> list[float]:
+    mid = torch.tensor(_E2M1_MIDPOINTS)
+    below = torch.nextafter(mid, torch.zeros_like(mid))
+    return torch.where(torch.tensor(_E2M1_TIE_UP), below, mid).tolist()
+
+
+_E2M1_THRESHOLDS = _e2m1_thresholds()
+
+
+def e2m1_codes(y: torch.Tensor) -> torch.Tensor:
+    """Nibble codes (uint8, sign in bit 3) of fp32 ``y`` rounded to E2M1 (RNE, saturating at 6)."""
+    a = y.abs()
+    code = (a > _E2M1_THRESHOLDS[0]).to(torch.uint8)
+    for t in _E2M1_THRESHOLDS[1:]:
+        code += a > t
+    return code | (y.signbit().to(torch.uint8) << 3)
+
+
+def e2m1_pack(codes: torch.Tensor) -> torch.Tensor:
+    """Two nibbles a byte, element 2j in the low nibble, as int8."""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).view(torch.int8)
+
+
+def e2m1_values() -> torch.Tensor:
+    """fp32 value of each of the 16 nibble codes."""
+    grid = torch.tensor(_E2M1_GRID)
+    return torch.cat([grid, -grid])
+
+
+def e2m1_unpack_values(packed: torch.Tensor) -> torch.Tensor:
+    """fp32 values of packed FP4 bytes ``(..., n)`` -> ``(..., 2n)``: one lookup in a 256-entry table
+    of byte -> (low, high) values."""
+    table = torch.stack([e2m1_values().repeat(16), e2m1_values().repeat_interleave(16)], dim=1)
+    return table[packed.view(torch.uint8).int()].flatten(-2)
+
+
+def _encode(y: torch.Tensor, fmt: str) -> torch.Tensor:
+    if fmt == "e4m3":
+        return y.to(torch.float8_e4m3fn)
+    return e2m1_pack(e2m1_codes(y))
+
+
+def _scales(amax: torch.Tensor, fmt: str, round_sf: bool, use_e4m3_sf: bool):
+    """(stored SF, the decoded SF, quantization multiplier) from the block amax (fp32)."""
+    c = amax.clamp_min(get_amax_clamp_for_quant(fmt, use_e4m3_sf))
+    q = torch.full_like(c, _Q[fmt])
+    if round_sf:
+        # Power-of-two ceiling of c / Q: round the exponent up unless the mantissa is zero.
+        sf = (((c / q).view(torch.int32) + 0x7FFFFF) & 0x7F800000).view(torch.float32)
+        return sf, sf, torch.ones_like(sf) / sf
+    if use_e4m3_sf:
+        stored = (c / q).to(torch.float8_e4m3fn)
+        sf = stored.float()
+        return stored, sf, torch.ones_like(sf) / sf
+    return c / q, c / q, q / c
+
+
+def pack_ue8m0(sf: torch.Tensor, pack: int, dim: int) -> torch.Tensor:
+    """Power-of-two fp32 SF grid -> little-endian words of ``pack`` exponent bytes along ``dim``."""
+    exps = (sf.view(torch.int32) >> 23).to(torch.uint8)
+    if dim == 0:
+        exps = exps.T
+    rows, cols = exps.shape
+    words = -(-cols // pack)
+    if words * pack != cols:
+        exps = torch.nn.functional.pad(exps, (0, words * pack - cols))
+    out = exps.contiguous().view(torch.int16 if pack == 2 else torch.int32)
+    return out.T.contiguous() if dim == 0 else out
+
+
+def col_major(sf: torch.Tensor, align_bytes: int) -> torch.Tensor:
+    """``sf`` stored column-major, each storage row padded to ``align_bytes``."""
+    rows, cols = sf.shape
+    align = max(1, align_bytes // sf.element_size())
+    storage = torch.empty((cols, -(-rows // align) * align), dtype=sf.dtype)
+    storage[:, :rows].copy_(sf.T)
+    return storage[:, :rows].T
+
+
+def _layout(sf: torch.Tensor, packed: bool, col: bool, flavor: str, pack_dim: int = 1) -> torch.Tensor:
+    flavor = get_flavor(flavor)
+    if packed:
+        sf = pack_ue8m0(sf, flavor.ue8m0_pack, pack_dim)
+    return col_major(sf, flavor.col_major_align_bytes) if col else sf
+
+
+def _block_quant(x: torch.Tensor, fmt: str, bm: int, bk: int, round_sf: bool, use_e4m3_sf: bool):
+    """``(data, stored SF grid, decoded SF grid)`` of ``x`` (M, K) with M % bm == 0 and K % bk == 0."""
+    m, k = x.shape
+    xf = x.float().view(m // bm, bm, k // bk, bk)
+    amax = xf.abs().amax(dim=(1, 3)) if bm > 1 else xf.abs().amax(dim=3).view(m, k // bk)
+    stored, sf, mult = _scales(amax, fmt, round_sf, use_e4m3_sf)
+    y = xf * mult.view(m // bm, 1, k // bk, 1)
+    return _encode(y.view(m, k), fmt), stored, sf
+
+
+def _rows(inputs) -> int:
+    return inputs["x"].shape[0]
+
+
+def _slice_x(inputs, start, stop):
+    return {"x": inputs["x"][start:stop]}
+
+
+# --- per_token_cast / per_block_cast ---
+
+def _block_cast_baseline(options, block, what):
+    fmt = options["fmt"]
+    round_sf = options.get("round_sf", False)
+    use_e4m3_sf = options.get("use_e4m3_sf", False)
+    packed, col = options["use_packed_ue8m0"], options["use_tma_aligned_col_major_sf"]
+
+    def run(inputs, flavor, rows):
+        x = inputs["x"]
+        if x.shape[0] % block[0] or x.shape[1] % block[1]:
+            raise ValueError(f"the baseline needs rows and columns that are multiples of the block {block}")
+        data, stored = in_row_chunks(lambda a, b: _block_quant(x[a:b], fmt, *block, round_sf, use_e4m3_sf)[:2],
+                                     x.shape[0], rows)
+        return data, _layout(stored, packed, col, flavor)
+    return Baseline(run, what)
+
+
+def per_token_cast_baseline(options, reference):
+    if options["stochastic_cast"]:
+        return chunked_reference(lambda inputs, flavor: reference(inputs, options, flavor), _slice_x, _rows,
+                                 "stochastic_cast not modelled")
+    npc, fmt = options["num_per_channels"], options["fmt"]
+    encode = ".to(float8_e4m3fn)" if fmt == "e4m3" else "E2M1 by comparisons, packed"
+    return _block_cast_baseline(options, (1, npc),
+                                f"torch ops: view (rows, groups, {npc}), abs().amax(-1), clamp, x * (Q / amax), "
+                                f"{encode}")
+
+
+def per_block_cast_baseline(options):
+    bm, bk, fmt = options["block_m"], options["block_k"], options["fmt"]
+    encode = ".to(float8_e4m3fn)" if fmt == "e4m3" else "E2M1 by comparisons, packed"
+    return _block_cast_baseline(options, (bm, bk),
+                                f"torch ops: view (M/{bm}, {bm}, K/{bk}, {bk}), abs().amax((1, 3)), clamp, "
+                                f"x * (Q / amax), {encode}")
+
+
+# --- per_token_cast_and_cast_back ---
+
+def round_trip_baseline(options):
+    fmt, npc = options["fmt"], options["num_per_channels"]
+    round_sf, use_e4m3_sf = options["round_sf"], options["use_e4m3_sf"]
+    values = e2m1_values()
+
+    def one(x):
+        m, k = x.shape
+        xf = x.float().view(m, k // npc, npc)
+        _, sf, mult = _scales(xf.abs().amax(-1), fmt, round_sf, use_e4m3_sf)
+        y = xf * mult.unsqueeze(-1)
+        q = y.to(torch.float8_e4m3fn).float() if fmt == "e4m3" else values[e2m1_codes(y).int()]
+        return (q * sf.unsqueeze(-1)).to(x.dtype).view(m, k)
+
+    def run(inputs, flavor, rows):
+        x = inputs["x"]
+        return (in_row_chunks(lambda a, b: one(x[a:b]), x.shape[0], rows),)
+    how = ".to(float8_e4m3fn).float()" if fmt == "e4m3" else "E2M1 by comparisons and a value table"
+    return Baseline(run, f"torch ops: groups of {npc}, abs().amax(-1), x * (Q / amax), {how}, * sf, "
+                         f".to(x.dtype)")
+
+
+# --- cast ---
+
+def cast_baseline(options, reference, dtypes):
+    if options["stochastic_rounding"]:
+        # Its random counters are the flat indices of the whole tensor: no chunks.
+        return chunked_reference(lambda inputs, flavor: reference(inputs, options, flavor), None, None,
+                                 "stochastic_rounding not modelled; its counters index the whole tensor")
+    dtype = dtypes[options["dtype"]]
+
+    def run(inputs, flavor, rows):
+        x = inputs["x"]
+        return in_row_chunks(lambda a, b: x[a:b].to(dtype, copy=True), x.shape[0], rows)
+    return Baseline(run, f"torch ops: x.to({str(dtype).removeprefix('torch.')})")
+
+
+# --- cast_back ---
+
+def _decode_sf(sf: torch.Tensor, nbm: int, nbk: int, bk: int, flavor) -> torch.Tensor:
+    """An input SF of any stored form -> the fp32 (nbm, nbk) grid."""
+    if sf.dtype == torch.float32:
+        return sf
+    if sf.dtype == torch.float8_e4m3fn:
+        return sf.float()
+    dim = 0 if bk == 1 else 1
+    grid = sf.T if dim == 0 else sf
+    exps = grid.contiguous().view(torch.uint8)[:, :nbm if dim == 0 else nbk]
+    exps = exps.T if dim == 0 else exps
+    return (exps.int() << 23).view(torch.float32)
+
+
+def cast_back_baseline(options):
+    bm, bk, out = options["block_m"], options["block_k"], options["fmt"]
+    x_fmt = options["x_fmt"]
+    dtype = torch.bfloat16 if out == "bf16" else torch.float32
+
+    def one(data, sf):
+        values = data.float() if x_fmt == "e4m3" else e2m1_unpack_values(data)
+        m, k = values.shape
+        if m % bm == 0 and k % bk == 0:
+            y = values.view(m // bm, bm, k // bk, bk).mul_(sf.view(m // bm, 1, k // bk, 1))
+        else:
+            y = values * sf.repeat_interleave(bm, 0).repeat_interleave(bk, 1)[:m, :k]
+        return y.to(dtype).view(m, k)
+
+    def run(inputs, flavor, rows):
+        data, sf = inputs[flavor]
+        m = data.shape[0]
+        k = data.shape[1] * (2 if x_fmt == "e2m1" else 1)
+        grid = _decode_sf(sf, -(-m // bm), -(-k // bk), bk, get_flavor(flavor))
+        if rows is not None and rows % bm:
+            rows = None
+        return in_row_chunks(lambda a, b: one(data[a:b], grid[a // bm:-(-b // bm)]), m, rows)
+    return Baseline(run, f"torch ops: data{'.float()' if x_fmt == 'e4m3' else ' via a byte->values table'} "
+                         f"* sf broadcast over ({bm}, {bk}) blocks, .to({out})")
+
+
+# --- per_block_cast_lossless ---
+
+def lossless_baseline(options):
+    xbm, xbk = options["x_block_m"], options["x_block_k"]
+    obm, obk = options["out_block_m"], options["out_block_k"]
+    packed, col = options["use_packed_ue8m0"], options["use_tma_aligned_col_major_sf"]
+    headroom = 6  # FP4's 6 times 2^6 = 384 stays in E4M3
+
+    def one(data, sf):
+        values = e2m1_unpack_values(data)
+        m, k = values.shape
+        exps = sf.view(torch.int32) >> 23
+        nbm, nbk = m // obm, k // obk
+        grid = exps.view(nbm, obm // xbm, nbk, obk // xbk)
+        e_out = (grid.amax(dim=(1, 3)) - headroom).clamp_min(0)
+        # Each input block's exact power-of-two rescale 2^(e - e_out).
+        scale = ((grid - e_out.view(nbm, 1, nbk, 1) + 127) << 23).view(torch.float32)
+        y = values.view(m // xbm, xbm, k // xbk, xbk) * scale.view(m // xbm, 1, k // xbk, 1)
+        return y.to(torch.float8_e4m3fn).view(m, k), (e_out << 23).view(torch.float32)
+
+    def run(inputs, flavor, rows):
+        data, sf = inputs["x"]
+        if data.shape[0] % obm or (2 * data.shape[1]) % obk:
+            raise ValueError(f"the baseline needs rows and columns that are multiples of the block {(obm, obk)}")
+        out, sf_out = in_row_chunks(lambda a, b: one(data[a:b], sf[a // xbm:b // xbm]), data.shape[0], rows)
+        return out, _layout(sf_out, packed, col, flavor, pack_dim=0 if obk == 1 else 1)
+    return Baseline(run, "torch ops: FP4 via a byte->values table, block exponents from the SF bits, "
+                         "x * 2^(e - e_out), .to(float8_e4m3fn)")

@@ -1,0 +1,49 @@
+"""Every op of the ``vmi`` command declares a torch baseline for ``vmi bench``, and a baseline that
+claims to match the reference does, whole and in 128-row chunks, in both flavors."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmi_core.bench import CHUNK_ROWS
+from vmi_core.registry import discover
+
+OPS = {op.name: op for op in discover().values()}
+# Besides the defaults: the options whose baselines take another path.
+VARIANTS = {
+    "per_token_cast": [["fmt=e2m1"], ["round_sf=true", "use_packed_ue8m0=true", "use_tma_aligned_col_major_sf=true"],
+                       ["use_e4m3_sf=true", "num_per_channels=16"], ["stochastic_cast=true"]],
+    "per_token_cast_and_cast_back": [["fmt=e2m1", "in_dtype=fp32"], ["round_sf=true"]],
+    "per_block_cast": [["fmt=e2m1", "block_m=32", "block_k=32"], ["round_sf=true", "use_packed_ue8m0=true"]],
+    "per_block_cast_lossless": [["use_packed_ue8m0=true", "use_tma_aligned_col_major_sf=true"]],
+    "cast": [["in_dtype=bf16", "dtype=e4m3"], ["stochastic_rounding=true"]],
+    "cast_back": [["x_fmt=e2m1"], ["round_sf=true", "use_packed_ue8m0=true", "block_m=32", "block_k=1"]],
+    "moe_topk_gate": [["num_shared_experts=1", "bias=false"]],
+    "moe_topk_gate_backward": [["num_sequences=0"]],
+}
+CASES = [(name, options) for name in sorted(OPS) for options in [[], *VARIANTS.get(name, [])]]
+
+
+def small_shape(op) -> tuple[int, int]:
+    """Two 128-row chunks; per_block_cast needs multiples of 128."""
+    return 2 * CHUNK_ROWS, min(op.default_shape[1], 256)
+
+
+def test_every_op_has_a_baseline():
+    assert OPS
+    assert [name for name, op in OPS.items() if op.baseline is None] == []
+
+
+@pytest.mark.parametrize(("name", "pairs"), CASES, ids=[f"{n}-{'-'.join(p) or 'default'}" for n, p in CASES])
+def test_baseline_runs_and_holds_its_claim(name, pairs):
+    op = OPS[name]
+    options = op.parse_options(pairs)
+    baseline = op.baseline(options)
+    assert baseline.what
+    inputs = op.make_inputs(small_shape(op), options, 0)
+    for flavor in ("ascend", "cuda"):
+        expected = op.reference(inputs, options, flavor)
+        for rows in (None, CHUNK_ROWS):
+            mismatches = op.check(baseline.run(inputs, flavor, rows), expected)
+            if baseline.same_bits:
+                assert not mismatches, f"{name} {flavor} rows={rows}:\n" + "\n".join(mismatches)
