@@ -1,13 +1,15 @@
 """Compile and lower TileLang kernels for every target.
 
 Each target needs its own pass configuration (see ``pass_configs``); the CPU
-build also needs ``-O2`` (TileLang's C build is ``-O0`` otherwise) and lowering
-rules for ``fabs``/``fmod``. ``ascend-sim`` lowers exactly as ``ascend`` does and
+build also needs its own flags (``cpu_compile_flags``: TileLang's C build is ``-O0``
+otherwise) and lowering rules for ``fabs``/``fmod``, and is called through
+``vmi_core.cpu_kernel``. ``ascend-sim`` lowers exactly as ``ascend`` does and
 compiles that source against vmi-core's Ascend model (``vmi_core.ascend_sim``).
 
 The disk cache: TileLang's key ignores registered lowering rules and the
 compilers, so vmi's cache lives in a directory named after vmi-core's version and
-a digest of the rules, the flags, the host and CUDA compilers' identities and
+a digest of the rules, the flags (the CPU architecture level included), the host and
+CUDA compilers' identities and
 TileLang's native libraries: changing any of them starts a fresh cache. A cached
 binary is loaded and run, so the cache must be private: its directories are made
 0700, and one that another user owns or that others can write is refused. vmi
@@ -42,7 +44,20 @@ CUDA_ARCH_ENV = "VMI_CUDA_ARCH"
 CACHE_DIR_ENV = "VMI_CACHE_DIR"
 DEFAULT_CUDA_ARCH = "sm_90a"
 
-CPU_COMPILE_FLAGS = ("-O2",)
+CPU_ARCH_ENV = "VMI_CPU_ARCH"
+# Bits first: no contraction of a*b+c into an FMA (the references round twice; FMA is used only
+# where a kernel asks for fma()), no -ffast-math; errno-free libm calls inline (sqrtf, fmaf).
+# For the vectorizer: FP operations may be evaluated speculatively (no kernel reads the FP
+# exception flags: -fno-trapping-math changes no result), and GCC's value-range and dominator
+# passes, which turn the encoders' select chains into branches it cannot if-convert, are off.
+CPU_COMPILE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fno-tree-vrp",
+                     "-fno-tree-dominator-opts")
+# x86-64 microarchitecture levels (psABI) and the /proc/cpuinfo flags each one needs.
+X86_LEVELS = (
+    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
+    ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"}),
+    ("x86-64-v2", {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}),
+)
 # C lowering of intrinsics TVM has no default scalar rule for: (tirx op, libm function).
 CPU_LOWERING_RULES = (("fabs", "fabsf"), ("fmod", "fmodf"))
 
@@ -120,9 +135,44 @@ def toolchain_identity() -> str:
                      *native])
 
 
+def _cpuinfo_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+@functools.cache
+def cpu_arch() -> str | None:
+    """The ``-march`` of CPU kernels: ``$VMI_CPU_ARCH``, else the highest x86-64 level this CPU has
+    (None elsewhere: the compiler's default)."""
+    chosen = os.environ.get(CPU_ARCH_ENV)
+    if chosen:
+        return chosen
+    flags = _cpuinfo_flags()
+    base = {"lm", "cmov", "cx8", "fpu", "fxsr", "mmx", "syscall", "sse", "sse2"}
+    if not base <= flags:
+        return None
+    for index, (level, _) in enumerate(X86_LEVELS):
+        # A level includes the ones below it.
+        if all(needs <= flags for _, needs in X86_LEVELS[index:]):
+            return level
+    return "x86-64"
+
+
+def cpu_compile_flags() -> tuple[str, ...]:
+    """Flags of the CPU kernels' C build (part of the cache key)."""
+    arch = cpu_arch()
+    return (*CPU_COMPILE_FLAGS, *((f"-march={arch}",) if arch else ()))
+
+
 def cache_key() -> str:
     """What, besides the kernel itself, decides a cached binary's contents."""
-    rules = repr((CPU_LOWERING_RULES, CPU_COMPILE_FLAGS))
+    rules = repr((CPU_LOWERING_RULES, cpu_compile_flags()))
     identity = f"{__version__}|{tilelang.__version__}|{rules}|{toolchain_identity()}"
     return f"vmi-{__version__}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
@@ -252,10 +302,15 @@ def compile_kernel(func, target: str, **config):
     _setup(target)
     kwargs = {}
     if target == "cpu":
-        kwargs["compile_flags"] = list(CPU_COMPILE_FLAGS)
+        kwargs["compile_flags"] = list(cpu_compile_flags())
     with _tilelang_cache():
-        return tilelang.compile(func, target=tvm_target(target), pass_configs=pass_configs(target, **config),
-                                **kwargs)
+        kernel = tilelang.compile(func, target=tvm_target(target), pass_configs=pass_configs(target, **config),
+                                  **kwargs)
+    if target == "cpu":
+        from .cpu_kernel import CpuKernel
+
+        return CpuKernel(kernel)
+    return kernel
 
 
 class KernelCache:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 THREADS_ENV = "VMI_CPU_THREADS"
+# Fewer rows than this per thread cost more in hand-off than they gain (a few microseconds each).
+MIN_ROWS_PER_THREAD = 32
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -34,7 +36,8 @@ def row_ranges(num_rows: int, threads: int, align: int, min_rows: int) -> list[t
     return ranges
 
 
-def run_rows(run: Callable[[int, int], None], num_rows: int, *, align: int = 1, min_rows: int = 256) -> None:
+def run_rows(run: Callable[[int, int], None], num_rows: int, *, align: int = 1,
+             min_rows: int = MIN_ROWS_PER_THREAD) -> None:
     """Call ``run(start, stop)`` over row ranges, concurrently when there is more than one."""
     global _pool
     ranges = row_ranges(num_rows, cpu_threads(), align, min_rows)
@@ -48,9 +51,9 @@ def run_rows(run: Callable[[int, int], None], num_rows: int, *, align: int = 1, 
 
 
 def launch_rows(target: str, run: Callable[[int, int], None], num_rows: int, *, align: int = 1,
-                min_rows: int = 256) -> None:
+                min_rows: int = MIN_ROWS_PER_THREAD) -> None:
     """``run(start, stop)`` over all rows: split across threads on ``cpu`` (``run_rows``), one call elsewhere."""
     if target == "cpu":
-        run_rows(run, num_rows, align=align, min_rows=min_rows)
+        run_rows(run, num_rows, align=align)
     else:
         run(0, num_rows)

@@ -217,7 +217,7 @@ def launch(call, target: str) -> None:
                    call.routed_scaling_factor, lo, tokens_per_seq)
 
     num_tokens = call.scores.shape[0]
-    launch_rows(target, run, num_tokens, align=spec.block_m, min_rows=256)
+    launch_rows(target, run, num_tokens, align=spec.block_m)
 
 
 def moe_topk_gate_backward_parallel(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,

@@ -389,7 +389,7 @@ def launch(call, target: str) -> None:
                    un.stride(0), lo, call.ep_rank, call.routed_scaling_factor)
 
     num_tokens = call.logits.shape[0]
-    launch_rows(target, run, num_tokens, align=spec.block_m, min_rows=256)
+    launch_rows(target, run, num_tokens, align=spec.block_m)
 
 
 def moe_topk_gate_forward_parallel(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,

@@ -120,7 +120,7 @@ def launch(call, target: str) -> None:
         for lo, hi in row_chunks(start, stop, spec.num_experts):
             kernel(call.scores[lo:hi], idx[lo:hi], call.status)
 
-    launch_rows(target, run, call.scores.shape[0], align=spec.block_m, min_rows=256)
+    launch_rows(target, run, call.scores.shape[0], align=spec.block_m)
 
 
 def topk_gate_parallel(scores, num_topk, *, target: str | None = None, flavor: str | None = None):

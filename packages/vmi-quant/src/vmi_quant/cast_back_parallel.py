@@ -192,7 +192,7 @@ def launch(call, target: str) -> None:
         sf, sf_sm, sf_sk = layout.kernel_view(call.sf[start // sf_rows_per_sf_row:])
         kernel(x[start:stop], sf, out[start:stop], x.stride(0), sf_sm, sf_sk)
 
-    launch_rows(target, run, num_tokens, align=math.lcm(sf_rows_per_sf_row, BLOCK_M), min_rows=4 * BLOCK_M)
+    launch_rows(target, run, num_tokens, align=math.lcm(sf_rows_per_sf_row, BLOCK_M))
 
 
 def cast_back_parallel(x, fmt: str, x_block_size, x_special_fmt=None, *, target: str | None = None,

@@ -198,7 +198,7 @@ def launch(call, target: str) -> bool:
 
     if target == "cpu":
         align = max(ALIGN, in_rows, out_rows)
-        run_rows(run, num_tokens, align=align, min_rows=2 * align)
+        run_rows(run, num_tokens, align=align)
     else:
         run(0, num_tokens)
     return int(status.item()) == 0

@@ -191,7 +191,7 @@ def launch(call, target: str) -> None:
         else:
             kernel(x[start:stop], out[start:stop], sf, x.stride(0), out.stride(0), sf_sm, sf_sk)
 
-    launch_rows(target, run, num_tokens, align=ALIGN, min_rows=2 * ALIGN)
+    launch_rows(target, run, num_tokens, align=ALIGN)
 
 
 def per_block_cast_parallel(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,

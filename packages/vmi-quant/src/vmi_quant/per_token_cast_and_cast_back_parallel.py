@@ -122,7 +122,7 @@ def launch(call, target: str) -> None:
     def run(start: int, stop: int) -> None:
         kernel(bits[start:stop], bits.stride(0))
 
-    launch_rows(target, run, x.shape[0], align=BLOCK_M, min_rows=4 * BLOCK_M)
+    launch_rows(target, run, x.shape[0], align=BLOCK_M)
 
 
 def per_token_cast_and_cast_back_parallel(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,

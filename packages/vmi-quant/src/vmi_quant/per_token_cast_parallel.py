@@ -305,7 +305,7 @@ def launch(call, target: str) -> None:
         else:
             kernel(rows, xsf, out[start:stop], sf, x.stride(0), out.stride(0), xsf_sm, xsf_sk, sf_sm, sf_sk)
 
-    launch_rows(target, run, num_tokens, align=math.lcm(align, BLOCK_M), min_rows=4 * BLOCK_M)
+    launch_rows(target, run, num_tokens, align=math.lcm(align, BLOCK_M))
 
 
 def per_token_cast_parallel(x, fmt: str, num_per_channels: int, x_block_size=None,

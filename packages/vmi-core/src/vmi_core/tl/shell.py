@@ -12,7 +12,8 @@ piece                  ascend                      cuda                   cpu
 ``vector``             ``T.SimdVF``/``T.SimtVF``   no region              no region
 ``elementwise`` etc.   vector code (SIMD region),  ``T.Parallel``         ``T.Parallel``
                        ``T.Parallel`` (SIMT)
-``copy``               MTE DMA (tails clamped)     ``T.copy``             ``T.copy``
+``copy``               MTE DMA (tails clamped)     ``T.copy``             full tiles: plain row
+                                                                          loops; edges: ``T.copy``
 ``buffer_versions``    multi-buffering annotation  nothing                nothing
 =====================  ==========================  =====================  ==================
 
@@ -29,6 +30,7 @@ import contextlib
 import os
 
 import tilelang.language as TL
+from tvm import tirx
 
 from . import vector as V
 
@@ -140,10 +142,74 @@ class Shell:
         return V.segment_reduce(self.in_simd, acc, shape, seg_len, value, op, init)
 
     def copy(self, src, dst):
-        """DMA between global memory and a tile; partial tiles at the edges are clamped."""
+        """DMA between global memory and a tile; partial tiles at the edges are clamped.
+
+        On cpu, ``T.copy`` checks both bounds of every element (and TileLang's memory-safety pass
+        checks them again), which keeps its loops scalar: a tile that lies wholly inside the
+        buffer is copied through a view of exactly the tile's extent instead, whose accesses need
+        no checks, and only edge tiles take ``T.copy``.
+        """
+        if self.is_cpu:
+            view = _tile_view(src, dst)
+            if view is not None:
+                to_tile = isinstance(src, tirx.BufferLoad)
+                return _full_or_edge_copy(*view, dst if to_tile else src, src, dst, to_tile)
         return self.T.copy(src, dst)
 
     def buffer_versions(self, versions: dict):
         """Multi-buffer ``{tile: count}`` on targets that pipeline DMA (Ascend)."""
         if self.is_ascend:
             self.T.annotate_buffer_versions(versions)
+
+
+def _tile_view(src, dst):
+    """``(inside, offset, window)`` for a copy between a global buffer position and a 1-D or 2-D
+    tile of its rank: whether the tile lies wholly inside the buffer, the element offset of its
+    first element, and a function giving the buffer's window of the tile's shape at an offset.
+    None for any other copy."""
+    to_tile = isinstance(src, tirx.BufferLoad)
+    at, tile = (src, dst) if to_tile else (dst, src)
+    if not isinstance(at, tirx.BufferLoad) or not isinstance(tile, tirx.Buffer):
+        return None
+    buffer = at.buffer
+    if buffer.scope() != "global" or not len(at.indices) == len(tile.shape) <= 2:
+        return None
+    strides = list(buffer.strides)
+    if not strides:  # compact: row-major strides of the shape
+        strides = [1]
+        for extent in reversed(list(buffer.shape)[1:]):
+            strides.insert(0, strides[0] * extent)
+    inside = tirx.all(*[bound for index, extent, size in zip(at.indices, tile.shape, buffer.shape, strict=True)
+                        for bound in (index >= 0, index + extent <= size)])
+    offset = buffer.elem_offset + sum(index * stride for index, stride in zip(at.indices, strides, strict=True))
+
+    def window(base):
+        return tirx.decl_buffer(tile.shape, buffer.dtype, name=f"{buffer.name}_window", data=buffer.data,
+                                strides=strides, elem_offset=base)
+
+    return inside, offset, window
+
+
+@TL.macro
+def _full_or_edge_copy(inside, offset, window_at, tile, src, dst, to_tile):
+    # The window's offset is a scalar of its own: TileLang rewrites the loop variables a tile
+    # position is made of (and inlines let bindings) after this body is built, which a
+    # buffer's offset would not follow. (The window is not bound to a name here either: the
+    # builder would rename the buffer's data, the kernel's parameter.)
+    if inside:
+        base = TL.alloc_var(getattr(offset, "dtype", "int32"))  # a constant offset arrives as an int
+        base = offset
+        if len(tile.shape) == 1:
+            for j in TL.serial(tile.shape[0]):
+                if to_tile:
+                    tile[j] = window_at(base)[j]
+                else:
+                    window_at(base)[j] = tile[j]
+        else:
+            for i, j in TL.grid(tile.shape[0], tile.shape[1]):
+                if to_tile:
+                    tile[i, j] = window_at(base)[i, j]
+                else:
+                    window_at(base)[i, j] = tile[i, j]
+    else:
+        TL.copy(src, dst)
