@@ -46,6 +46,53 @@ class TestCache:
         monkeypatch.setattr(vc, "CPU_COMPILE_FLAGS", ("-O3",))
         assert vc.cache_key() != key
 
+    def test_key_changes_with_the_cpu_architecture_level(self, monkeypatch):
+        key = vc.cache_key()
+        vc.cpu_arch.cache_clear()
+        monkeypatch.setenv(vc.CPU_ARCH_ENV, "x86-64" if vc.cpu_arch() != "x86-64" else "x86-64-v2")
+        vc.cpu_arch.cache_clear()
+        try:
+            assert vc.cpu_compile_flags()[-1] == f"-march={os.environ[vc.CPU_ARCH_ENV]}"
+            assert vc.cache_key() != key
+        finally:
+            monkeypatch.delenv(vc.CPU_ARCH_ENV)
+            vc.cpu_arch.cache_clear()
+        assert vc.cache_key() == key
+
+    @pytest.mark.parametrize("extra,level", [
+        (set(), "x86-64"),
+        ({"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}, "x86-64-v2"),
+        ({"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma",
+          "movbe", "xsave"}, "x86-64-v3"),
+        # AVX-512 without the v3 set is no level above v2.
+        ({"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3", "avx512f", "avx512bw", "avx512cd", "avx512dq",
+          "avx512vl"}, "x86-64-v2"),
+    ])
+    def test_cpu_architecture_level_from_the_cpu_flags(self, monkeypatch, extra, level):
+        base = {"lm", "cmov", "cx8", "fpu", "fxsr", "mmx", "syscall", "sse", "sse2"}
+        monkeypatch.delenv(vc.CPU_ARCH_ENV, raising=False)
+        monkeypatch.setattr(vc, "_cpuinfo_flags", lambda: base | extra)
+        vc.cpu_arch.cache_clear()
+        try:
+            assert vc.cpu_arch() == level
+        finally:
+            vc.cpu_arch.cache_clear()
+
+    def test_no_architecture_flag_off_x86(self, monkeypatch):
+        monkeypatch.delenv(vc.CPU_ARCH_ENV, raising=False)
+        monkeypatch.setattr(vc, "_cpuinfo_flags", lambda: {"fp", "asimd", "aes"})
+        vc.cpu_arch.cache_clear()
+        try:
+            assert vc.cpu_arch() is None
+            assert not any(flag.startswith("-march") for flag in vc.cpu_compile_flags())
+        finally:
+            vc.cpu_arch.cache_clear()
+
+    def test_cpu_flags_keep_the_bits(self):
+        flags = vc.cpu_compile_flags()
+        assert "-ffp-contract=off" in flags
+        assert not any(flag in flags for flag in ("-ffast-math", "-Ofast", "-funsafe-math-optimizations"))
+
     def test_key_changes_with_version(self, monkeypatch):
         key = vc.cache_key()
         assert key.startswith(f"vmi-{vmi_core.__version__}-")
@@ -135,6 +182,7 @@ def run_shell(kernel, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+# 33 and 100 rows mix full tiles (the cpu copy's unchecked path) with an edge tile (``T.copy``).
 @pytest.mark.parametrize("m", [0, 1, 33, 100])
 def test_shell_kernel_runs_on_cpu(shell_kernel, m):
     g = torch.Generator().manual_seed(m)
