@@ -121,8 +121,12 @@ def build_per_token_cast(spec: PerTokenCastSpec, target: str):
         return v if qin is None else v * input_scale(s_in, k0, at.i, at.j)
 
     def abs_value(x, s_in, k0, at):
-        # Columns past the hidden size (a partial last tile or group) hold no data.
-        return select(at.column() + k0 < K, F.abs_bits(value(x, s_in, k0, at)), F.u32(0))
+        # Columns past the hidden size (a partial last tile or group) hold no data; where the copy
+        # reads them as zeros a plain input needs no mask (which keeps the cpu loop vectorizable).
+        magnitude = F.abs_bits(value(x, s_in, k0, at))
+        if qin is None and sh.edges_read_as_zero:
+            return magnitude
+        return select(at.column() + k0 < K, magnitude, F.u32(0))
 
     def scaled(x, s_in, sf_inv, k0, at):
         if qin is not None and not qin.dequant_first:

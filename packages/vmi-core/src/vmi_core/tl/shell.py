@@ -66,6 +66,9 @@ class Shell:
         self.is_cpu = target == "cpu"
         self.is_cuda = target == "cuda"
         self.is_ascend = target == "ascend"
+        # A cpu ``copy`` into a tile fills the part past the buffer's edge with zeros (Ascend DMA
+        # leaves it as it was): a body may rely on it to skip masking those elements.
+        self.edges_read_as_zero = self.is_cpu
         self.in_simd = False
 
     def kernel(self, grid):
