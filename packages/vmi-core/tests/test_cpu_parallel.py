@@ -6,9 +6,10 @@ import itertools
 import threading
 
 import pytest
+import torch
 
 from vmi_core import cpu_parallel
-from vmi_core.cpu_parallel import THREADS_ENV, cpu_threads, row_ranges, run_rows
+from vmi_core.cpu_parallel import THREADS_ENV, cpu_threads, fold_rows, row_ranges, run_rows
 
 ROWS = [0, 1, 2, 5, 7, 31, 32, 33, 100, 255, 256, 257, 511, 512, 600, 1000, 1023, 4097]
 THREADS = [1, 2, 3, 4, 8, 16]
@@ -104,3 +105,19 @@ def test_run_rows_writes_disjoint_rows(monkeypatch):
     run_rows(run, 3000, align=16, min_rows=64)
     assert counts == [1] * 3000
     assert cpu_parallel._pool is not None
+
+
+def test_fold_rows_views_contiguous_rows_as_pieces():
+    a = torch.arange(3 * 8).view(3, 8)
+    b = torch.arange(3 * 4).view(3, 4)
+    fa, fb = fold_rows(4, a, b)
+    assert fa.shape == (12, 2) and fb.shape == (12, 1)
+    assert fa.data_ptr() == a.data_ptr()  # a view: the kernel writes the caller's tensor
+    assert torch.equal(fa.reshape(3, 8), a)
+
+
+def test_fold_rows_refuses_what_does_not_split():
+    a = torch.arange(3 * 8).view(3, 8)
+    assert fold_rows(3, a) is None  # 8 columns do not split in 3
+    assert fold_rows(2, a[:, :4]) is None  # strided rows
+    assert fold_rows(2, a, a.t()) is None

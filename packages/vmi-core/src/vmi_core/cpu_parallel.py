@@ -57,3 +57,18 @@ def launch_rows(target: str, run: Callable[[int, int], None], num_rows: int, *, 
         run_rows(run, num_rows, align=align)
     else:
         run(0, num_rows)
+
+
+def fold_rows(pieces: int, *matrices):
+    """Each contiguous ``(rows, cols)`` matrix viewed as ``(rows * pieces, cols // pieces)``, or None
+    when one is not contiguous or its rows do not split into ``pieces`` equal parts.
+
+    For row-wise ops whose rows split into independent segments: a few long rows become many
+    short ones, so a kernel with tall tiles (a decode-size call) computes no padding rows.
+    """
+    folded = []
+    for matrix in matrices:
+        if not matrix.is_contiguous() or matrix.dim() != 2 or matrix.shape[1] % pieces:
+            return None
+        folded.append(matrix.view(matrix.shape[0] * pieces, matrix.shape[1] // pieces))
+    return folded

@@ -28,6 +28,7 @@ from vmi_core.tl.simd import LaneVar, Vec, absolute, bitcast, fma, keep, maximum
 TILE_BUDGET_BYTES = 176 * 1024
 TILE_VERSIONS = 2
 MAX_BLOCK_M = 128
+CPU_BLOCK_M = 32
 # The denominator's epsilon: turns an all-zero row's 0/0 into 0.
 DENOM_EPS = 1e-20
 # The lane count of the butterfly summation order (a CUDA warp).
@@ -58,6 +59,13 @@ def row_chunks(start: int, stop: int, row_elems: int):
 def row_bytes(*widths: int) -> int:
     """Bytes one token takes in row tiles of ``widths`` 4-byte elements (rows padded to 32 bytes)."""
     return sum(4 * padded(w) for w in widths)
+
+
+def kernel_rows(block_m: int, target: str) -> int:
+    """Tokens per work tile of a kernel for ``target``: ``block_m``, at most ``CPU_BLOCK_M`` on cpu,
+    where a tile is a stack array, not a share of the UB, and a decode-size call computes it whole.
+    ``block_m`` is a multiple of it, so row ranges split at ``block_m`` keep whole tiles."""
+    return min(block_m, CPU_BLOCK_M) if target == "cpu" else block_m
 
 
 def tile_rows(token_bytes: int) -> int:

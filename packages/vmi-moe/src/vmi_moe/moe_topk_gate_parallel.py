@@ -54,6 +54,7 @@ from .kernel_common import (
     STATUS_WORDS,
     clamp,
     is_nonfinite,
+    kernel_rows,
     next_in_rank,
     ordered_sum,
     padded,
@@ -117,7 +118,7 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
     sh = Shell(target)
     TK = sh.T
     E, K, P, L, DUP = spec.num_experts, spec.num_topk, spec.num_physical_topk, spec.num_logical, spec.num_replicas
-    BM = spec.block_m
+    BM = kernel_rows(spec.block_m, target)
     flavor = get_flavor(spec.flavor)
     M = TK.dynamic("M")
     un_stride = TK.dynamic("un_stride")

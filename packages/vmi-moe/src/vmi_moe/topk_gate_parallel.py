@@ -29,6 +29,7 @@ from .kernel_common import (
     STATUS_NONFINITE,
     STATUS_WORDS,
     is_nonfinite,
+    kernel_rows,
     next_in_rank,
     padded,
     pos_inf,
@@ -56,7 +57,7 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
     sh = Shell(target)
     TK = sh.T
     E, K = spec.num_experts, spec.num_topk
-    BM = spec.block_m
+    BM = kernel_rows(spec.block_m, target)
     M = TK.dynamic("M")
 
     def select_row(key, idx, bad, at):

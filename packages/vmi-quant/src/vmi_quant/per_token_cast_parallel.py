@@ -27,7 +27,7 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import launch_rows
+from vmi_core.cpu_parallel import fold_rows, launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
@@ -281,6 +281,22 @@ def per_token_cast_source(spec: PerTokenCastSpec, target: str) -> str:
     return kernel_source(build_per_token_cast, spec, target, **KERNEL_CONFIG)
 
 
+def _fold_pieces(call, target: str) -> int:
+    """Pieces each token splits into for ``fold_rows`` (1: no folding).
+
+    Groups never straddle tokens, so a call of fewer tokens than a tile's height runs on its tokens
+    cut into tile-wide rows (no padding rows computed) when every tensor is contiguous and row-major
+    and the result does not depend on column positions (stochastic rounding hashes them).
+    """
+    spec, inp = call.spec, call.inp
+    layout = spec.sf_layout
+    if (target != "cpu" or inp.num_tokens >= BLOCK_M or spec.quant_input is not None or spec.stochastic
+            or inp.hidden % BLOCK_K or layout.col_major or layout.pack_along_m
+            or (BLOCK_K // spec.num_per_channels) % layout.pack):
+        return 1
+    return inp.hidden // BLOCK_K
+
+
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_quant.per_token_cast.PerTokenCastCall``) on ``target``."""
     spec, inp = call.spec, call.inp
@@ -290,6 +306,13 @@ def launch(call, target: str) -> None:
     kernel = cached_kernel(build_per_token_cast, spec, target, **KERNEL_CONFIG)
     x = bit_view(inp.data)
     out = None if call.out is None else bit_view(call.out)
+    sf_grid = call.sf
+    pieces = _fold_pieces(call, target)
+    folded = fold_rows(pieces, *(t for t in (x, out, sf_grid) if t is not None)) if pieces > 1 else None
+    if folded is not None:
+        x, sf_grid = folded[0], folded[-1]
+        out = None if out is None else folded[1]
+        num_tokens *= pieces
     qin = spec.quant_input
     # Rows of one input-SF block (or packed word along tokens) stay in one range.
     align = 1
@@ -302,7 +325,7 @@ def launch(call, target: str) -> None:
             xsf, xsf_sm, xsf_sk = dummy, 0, 0
         else:
             xsf, xsf_sm, xsf_sk = qin.sf_layout.kernel_view(inp.sf[start // align:])
-        sf, sf_sm, sf_sk = spec.sf_layout.kernel_view(call.sf[start:stop])
+        sf, sf_sm, sf_sk = spec.sf_layout.kernel_view(sf_grid[start:stop])
         rows = x[start:stop]
         if out is None:
             kernel(rows, xsf, sf, x.stride(0), xsf_sm, xsf_sk, sf_sm, sf_sk)
