@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import tilelang.language as T
 
-from .simd import Pred, Vec, bitcast, cast, keep, maximum, minimum, select, widen
+from .simd import Pred, Vec, bitcast, cast, keep, minimum, select, widen
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -73,20 +73,17 @@ def flag(cond):
     return select(cond, u32(1), u32(0)) if isinstance(cond, Pred) else T.Cast("uint32", cond)
 
 
-def rne_shift_right(sig, shift):
-    """``sig / 2^shift`` rounded to nearest, ties to even; ``shift`` in [1, 31]."""
-    one = like(u32(1), shift)
-    kept = keep(sig >> shift)
-    rest = keep(sig & ((one << shift) - u32(1)))
-    half = keep(one << (shift - u32(1)))
-    return kept + flag((rest > half) | ((rest == half) & ((kept & u32(1)) == u32(1))))
-
-
 def _subnormal_units(a, unit_exp_bias):
-    """``|x|`` (abs bits ``a``) in units of ``2^(unit_exp_bias - 150)``, RNE, for small |x|."""
-    exp = keep(a >> u32(23))
-    return rne_shift_right(select(exp == u32(0), a, (a & u32(0x7FFFFF)) | u32(0x800000)),
-                           minimum(like(u32(unit_exp_bias), exp) - maximum(exp, u32(1)), u32(31)))
+    """``|x|`` (abs bits ``a``, below 2^22 units) in units of ``2^(unit_exp_bias - 150)``, RNE.
+
+    One fp32 addition rounds: next to 2^23 units one ulp is one unit, so ``|x| + 2^23 units``
+    is |x| rounded to whole units, nearest, ties to even (IEEE addition on every target), and
+    its low mantissa bits count them. No per-lane shift amounts: the lanes stay vectorizable.
+    An fp32 subnormal |x| (flushed to zero by some vector units) is 0 units either way.
+    """
+    magic = u32(unit_exp_bias << 23)
+    total = f32_from_bits(a) + f32_from_bits(like(magic, a))
+    return f32_bits(total) - magic
 
 
 # --- bf16 -------------------------------------------------------------------------------------
