@@ -13,7 +13,7 @@ import pytest
 from ptc_cases import COVERING, FULL, SF_MODES
 
 from vmi_core.sf_layout import SFLayout
-from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.source_checks import assert_vector_regions, cpu_vectorized_loops, dma_counts, nvcc_compile, nvcc_path
 from vmi_core.targets import get_flavor
 from vmi_quant.per_token_cast import make_spec
 from vmi_quant.per_token_cast_parallel import QuantInput, per_token_cast_source
@@ -101,3 +101,18 @@ def test_cuda_lowering_compiles_all(name, spec):
     if nvcc_path() is None:
         pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
     nvcc_compile(src)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_cpu_phases_vectorize(fmt):
+    """The cpu build vectorizes the amax reduction and the encode loop over the tile (their speed
+    rests on it: a change to the encoders, the copies or the flags that makes GCC give up shows here)."""
+    loops = cpu_vectorized_loops(per_token_cast_source(_spec("bf16", fmt, 32, "fp32", False, "ascend"), "cpu"))
+    if loops is None:
+        pytest.skip("the host C++ compiler is not GCC")
+    report = "\n".join(loops)
+    assert any("running" in loop for loop in loops), f"the amax reduction does not vectorize:\n{report}"
+    # The encode loop runs over the tile's elements (pairs of them for E2M1); nothing else of the
+    # full-tile path is that long.
+    length = 4096 if fmt == "e4m3" else 2048
+    assert any(f"< {length};" in loop for loop in loops), f"the encode loop does not vectorize:\n{report}"

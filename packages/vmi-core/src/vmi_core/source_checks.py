@@ -235,3 +235,29 @@ def nvcc_compile(src: str, arch: str = "sm_90a", timeout: float = 600.0) -> None
     if result.returncode != 0:
         tail = (result.stderr or result.stdout)[-4000:]
         raise AssertionError(f"nvcc failed (exit {result.returncode}) for arch {arch}:\n{tail}")
+
+
+def cpu_vectorized_loops(src: str, timeout: float = 300.0) -> list[str] | None:
+    """The loops of the cpu kernel source ``src`` that GCC vectorizes with the cpu build's flags
+    (``-fopt-info-vec-optimized``), each as its header line and the first line of its body; None
+    when the host C++ compiler is not GCC."""
+    import tilelang
+    from tilelang.contrib.cc import get_cplus_compiler
+
+    from .compile import cpu_compile_flags
+
+    cxx = get_cplus_compiler() or "g++"
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
+    if "Free Software Foundation" not in version:
+        return None
+    with tempfile.TemporaryDirectory(prefix="vmi-cpu-") as tmp:
+        cpp = Path(tmp) / "k.cpp"
+        cpp.write_text(src)
+        cmd = [cxx, "-std=c++17", "-c", str(cpp), "-o", str(Path(tmp) / "k.o"),
+               f"-I{tilelang.env.TILELANG_TEMPLATE_PATH}", *cpu_compile_flags(), "-fopt-info-vec-optimized"]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"{cxx} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    lines = src.splitlines()
+    numbers = sorted({int(n) for n in re.findall(r":(\d+):\d+: optimized: loop vectorized", result.stderr)})
+    return [f"{lines[n - 1].strip()} {lines[n].strip() if n < len(lines) else ''}" for n in numbers]
