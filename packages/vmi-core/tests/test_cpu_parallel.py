@@ -121,3 +121,20 @@ def test_fold_rows_refuses_what_does_not_split():
     assert fold_rows(3, a) is None  # 8 columns do not split in 3
     assert fold_rows(2, a[:, :4]) is None  # strided rows
     assert fold_rows(2, a, a.t()) is None
+
+
+@pytest.mark.parametrize("min_rows,expected", [(100, [(0, 100)]), (25, [(0, 25), (25, 50), (50, 75), (75, 100)])])
+def test_launch_rows_honours_min_rows_on_cpu(monkeypatch, min_rows, expected):
+    monkeypatch.setenv(THREADS_ENV, "4")
+    calls = []
+    lock = threading.Lock()
+
+    def run(start, stop):
+        with lock:
+            calls.append((start, stop))
+
+    cpu_parallel.launch_rows("cpu", run, 100, min_rows=min_rows)
+    assert sorted(calls) == expected
+    calls.clear()
+    cpu_parallel.launch_rows("cuda", run, 100, min_rows=min_rows)
+    assert calls == [(0, 100)]

@@ -54,7 +54,7 @@ def launch_rows(target: str, run: Callable[[int, int], None], num_rows: int, *, 
                 min_rows: int = MIN_ROWS_PER_THREAD) -> None:
     """``run(start, stop)`` over all rows: split across threads on ``cpu`` (``run_rows``), one call elsewhere."""
     if target == "cpu":
-        run_rows(run, num_rows, align=align)
+        run_rows(run, num_rows, align=align, min_rows=min_rows)
     else:
         run(0, num_rows)
 

@@ -26,7 +26,7 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import fold_rows, launch_rows
+from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
 from vmi_core.sf_layout import SFLayout
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
@@ -186,6 +186,7 @@ def launch(call, target: str) -> None:
     out = call.out.view(torch.uint16) if spec.out_fmt == "bf16" else call.out
     layout = spec.sf_layout
     sf_grid = call.sf
+    pieces = 1
     # A call of fewer tokens than a tile's height, with one SF row per token, runs on its tokens cut
     # into tile-wide rows (no padding rows computed) when every tensor is contiguous and row-major.
     if (target == "cpu" and num_tokens < BLOCK_M and spec.block_m == 1 and hidden % BLOCK_K == 0
@@ -194,7 +195,8 @@ def launch(call, target: str) -> None:
         folded = fold_rows(hidden // BLOCK_K, x, out, sf_grid)
         if folded is not None:
             x, out, sf_grid = folded
-            num_tokens = x.shape[0]
+            pieces = hidden // BLOCK_K
+            num_tokens *= pieces
     # A row range starts at a block boundary (and at a word boundary of an SF packed along tokens).
     sf_rows_per_sf_row = spec.block_m * (layout.pack if layout.pack_along_m else 1)
 
@@ -202,7 +204,9 @@ def launch(call, target: str) -> None:
         sf, sf_sm, sf_sk = layout.kernel_view(sf_grid[start // sf_rows_per_sf_row:])
         kernel(x[start:stop], sf, out[start:stop], x.stride(0), sf_sm, sf_sk)
 
-    launch_rows(target, run, num_tokens, align=math.lcm(sf_rows_per_sf_row, BLOCK_M))
+    # Threads split by tokens, folded or not.
+    launch_rows(target, run, num_tokens, align=math.lcm(sf_rows_per_sf_row, BLOCK_M),
+                min_rows=MIN_ROWS_PER_THREAD * pieces)
 
 
 def cast_back_parallel(x, fmt: str, x_block_size, x_special_fmt=None, *, target: str | None = None,

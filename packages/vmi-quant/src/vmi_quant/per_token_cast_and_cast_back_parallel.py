@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import fold_rows, launch_rows
+from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, Shell
@@ -125,13 +125,18 @@ def launch(call, target: str) -> None:
     num_tokens, hidden = bits.shape
     # Groups never straddle tokens: a call of fewer tokens than a tile's height runs on its tokens
     # cut into tile-wide rows (no padding rows computed) when x is contiguous.
-    if target == "cpu" and num_tokens < BLOCK_M and hidden % BLOCK_K == 0:
-        bits = (fold_rows(hidden // BLOCK_K, bits) or [bits])[0]
+    pieces = hidden // BLOCK_K if target == "cpu" and num_tokens < BLOCK_M and hidden % BLOCK_K == 0 else 1
+    folded = fold_rows(pieces, bits) if pieces > 1 else None
+    if folded is None:
+        pieces = 1
+    else:
+        bits = folded[0]
 
     def run(start: int, stop: int) -> None:
         kernel(bits[start:stop], bits.stride(0))
 
-    launch_rows(target, run, bits.shape[0], align=BLOCK_M)
+    # Threads split by tokens, folded or not.
+    launch_rows(target, run, bits.shape[0], align=BLOCK_M, min_rows=MIN_ROWS_PER_THREAD * pieces)
 
 
 def per_token_cast_and_cast_back_parallel(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,

@@ -27,7 +27,7 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import fold_rows, launch_rows
+from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
@@ -309,7 +309,9 @@ def launch(call, target: str) -> None:
     sf_grid = call.sf
     pieces = _fold_pieces(call, target)
     folded = fold_rows(pieces, *(t for t in (x, out, sf_grid) if t is not None)) if pieces > 1 else None
-    if folded is not None:
+    if folded is None:
+        pieces = 1
+    else:
         x, sf_grid = folded[0], folded[-1]
         out = None if out is None else folded[1]
         num_tokens *= pieces
@@ -332,7 +334,8 @@ def launch(call, target: str) -> None:
         else:
             kernel(rows, xsf, out[start:stop], sf, x.stride(0), out.stride(0), xsf_sm, xsf_sk, sf_sm, sf_sk)
 
-    launch_rows(target, run, num_tokens, align=math.lcm(align, BLOCK_M))
+    # Threads split by tokens, folded or not.
+    launch_rows(target, run, num_tokens, align=math.lcm(align, BLOCK_M), min_rows=MIN_ROWS_PER_THREAD * pieces)
 
 
 def per_token_cast_parallel(x, fmt: str, num_per_channels: int, x_block_size=None,
