@@ -22,7 +22,6 @@ class CpuKernel:
     for buffers, Python numbers for scalars); its runtime sizes are read from the tensors."""
 
     def __init__(self, jit_kernel):
-        self.jit_kernel = jit_kernel
         adapter = jit_kernel.adapter
         func = adapter.prim_func
         names = {param.name for param in func.params}
@@ -41,9 +40,9 @@ class CpuKernel:
                 continue
             self._sizes.append(tuple(sources[var.name]))
             argtypes.append(_SCALAR_CTYPES[str(var.dtype)])
+        self._library = adapter.lib  # the function pointer below is only valid while the library is
         address = ctypes.cast(adapter.lib.call, ctypes.c_void_p).value
         self._call = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
-        self._get_last_error = adapter.lib.get_last_error
 
     def __call__(self, *args):
         values = [arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args]
@@ -57,7 +56,4 @@ class CpuKernel:
             values.append(value)
         status = self._call(*values)
         if status != 0:
-            raise RuntimeError(f"cpu kernel failed: {self._get_last_error().decode(errors='replace')}")
-
-    def get_kernel_source(self) -> str:
-        return self.jit_kernel.get_kernel_source()
+            raise RuntimeError(f"cpu kernel failed: {self._library.get_last_error().decode(errors='replace')}")
