@@ -1,14 +1,16 @@
-"""Every op of the ``vmi`` command declares a torch baseline for ``vmi bench``, and a baseline that
-claims to match the reference does, whole and in 128-row chunks, in both flavors."""
+"""Every op of the ``vmi`` command has a torch baseline for ``vmi bench`` (the ``vmi.baselines`` entry
+points of vmi-devkit), and a baseline that claims to match the reference does, whole and in 128-row
+chunks, in both flavors."""
 
 from __future__ import annotations
 
 import pytest
 
-from vmi_core.bench import CHUNK_ROWS
+from vmi_core.bench import CHUNK_ROWS, discover_baselines
 from vmi_core.registry import discover
 
 OPS = {op.name: op for op in discover().values()}
+BASELINES = discover_baselines()
 # Besides the defaults: the options whose baselines take another path.
 VARIANTS = {
     "per_token_cast": [["fmt=e2m1"], ["round_sf=true", "use_packed_ue8m0=true", "use_tma_aligned_col_major_sf=true"],
@@ -29,16 +31,16 @@ def small_shape(op) -> tuple[int, int]:
     return 2 * CHUNK_ROWS, min(op.default_shape[1], 256)
 
 
-def test_every_op_has_a_baseline():
+def test_every_op_has_a_baseline_and_every_baseline_an_op():
     assert OPS
-    assert [name for name, op in OPS.items() if op.baseline is None] == []
+    assert sorted(OPS) == sorted(BASELINES)
 
 
 @pytest.mark.parametrize(("name", "pairs"), CASES, ids=[f"{n}-{'-'.join(p) or 'default'}" for n, p in CASES])
 def test_baseline_runs_and_holds_its_claim(name, pairs):
     op = OPS[name]
     options = op.parse_options(pairs)
-    baseline = op.baseline(options)
+    baseline = BASELINES[name](op, options)
     assert baseline.what
     inputs = op.make_inputs(small_shape(op), options, 0)
     for flavor in ("ascend", "cuda"):

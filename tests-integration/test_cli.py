@@ -59,6 +59,21 @@ def test_bench_decode_sizes_in_microseconds_per_thread_count(capsys):
     assert "kernel/baseline" in out and "goal <= 3" in out
 
 
+def test_bench_without_baselines_times_kernel_and_reference(capsys, monkeypatch):
+    """As from an installed wheel, without vmi-devkit's baselines."""
+    from vmi_core import bench
+    from vmi_core.cli import main
+
+    monkeypatch.setattr(bench, "discover_baselines", dict)
+    assert main(["bench", "cast", "--shape", "256x512", "--repeat", "1", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("  baseline: none installed")
+    # kernel and reference timed; baseline, its run and "vs baseline" shown as "-"; kernel/ref and % copy.
+    row = lines[4].split()
+    assert row[0] == "256x512" and lines[4].count("GB/s") == 2, lines[4]
+    assert row[-5:-3] == ["-", "-"] and row[-2] == "-" and row[-1].endswith("%"), lines[4]
+
+
 def test_source_for_each_target():
     ascend = vmi("source", "per_token_cast", "--target", "ascend")
     assert ascend.returncode == 0, ascend.stderr

@@ -1,9 +1,11 @@
 """Benchmark primitives of the ``vmi bench`` command: timing, thread counts, the machine's copy
-bandwidth, row-chunked execution, and the ``Baseline`` an op declares.
+bandwidth, row-chunked execution, and the ``Baseline`` of an op.
 
 A baseline is the fastest straightforward torch composition of an op (what a competent PyTorch
 user would write with native torch ops), so that a kernel is judged against real torch code
-rather than against the bit-manipulating reference.
+rather than against the bit-manipulating reference. Baselines are found through the
+``vmi.baselines`` entry points (``discover_baselines``); the repository's development kit
+(``shared/``, package ``vmi-devkit``) provides them, the released wheels do not.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 
 import torch
 
@@ -21,6 +24,7 @@ from .cpu_parallel import THREADS_ENV
 # Row chunks whose temporaries stay in cache: the chunk the baselines try besides the whole tensor.
 CHUNK_ROWS = 128
 COPY_BYTES = 256 << 20
+BASELINE_GROUP = "vmi.baselines"
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,18 @@ class Baseline:
     same_bits: bool = True
     is_reference: bool = False
     chunks: bool = True
+
+
+def discover_baselines() -> dict[str, Callable]:
+    """The installed baselines by op name: ``baseline(op, options)`` -> ``Baseline`` for an ``OpInfo``.
+
+    Each entry point of the ``vmi.baselines`` group names a module whose ``BASELINES`` dict maps op
+    names (not aliases) to such functions.
+    """
+    found: dict[str, Callable] = {}
+    for ep in entry_points(group=BASELINE_GROUP):
+        found.update(ep.load().BASELINES)
+    return found
 
 
 def chunked_reference(reference: Callable, slice_inputs: Callable | None, num_rows: Callable | None,

@@ -133,6 +133,8 @@ def cmd_run(ops, args) -> int:
 
 # Shapes with at most this many rows are decode sizes: reported in microseconds per call.
 DECODE_ROWS = 16
+NO_BASELINE = ("none installed (the torch baselines come with the vmi repository's development kit, "
+               "shared/; kernel, reference and copy bandwidth only)")
 
 
 def _baseline_runs(baseline, num_rows: int) -> list[int | None]:
@@ -142,13 +144,14 @@ def _baseline_runs(baseline, num_rows: int) -> list[int | None]:
     return [bench.CHUNK_ROWS] if baseline.is_reference else [None, bench.CHUNK_ROWS]
 
 
-def _bench_shape(op: OpInfo, options: dict, inputs: dict, flavor: str, repeat: int) -> dict:
-    """Times (best of ``repeat``) of the kernel, the reference and the baseline at one shape."""
+def _bench_shape(op: OpInfo, options: dict, baseline, inputs: dict, flavor: str, repeat: int) -> dict:
+    """Times (best of ``repeat``) of the kernel, the reference and the baseline (if any) at one shape."""
     outputs, kernel_s = bench.best_time(lambda: op.run(inputs, options, "cpu", flavor), repeat)
     expected, ref_s = bench.best_time(lambda: op.reference(inputs, options, flavor), repeat)
     row = {"kernel_s": kernel_s, "ref_s": ref_s, "nbytes": op.nbytes(inputs, outputs),
            "kernel_ok": not op.check(outputs, expected)}
-    baseline = op.baseline(options)
+    if baseline is None:
+        return row
     num_rows = next(_tensors(inputs)).shape[0]
     try:
         best = None
@@ -174,23 +177,24 @@ def _throughput_line(shape, r: dict, copy_bps: float) -> str:
     line = f"  {'x'.join(map(str, shape)):>11}  {timed(r['kernel_s'])}  {timed(r['ref_s'])}"
     if "base_error" in r:
         return line + f"  baseline error: {r['base_error']}"
-    return line + (f"  {timed(r['base_s'])}  {r['base_how']:<27} {r['ref_s'] / r['kernel_s']:>10.1f}"
-                   f"  {r['base_s'] / r['kernel_s']:>11.2f}  {100 * r['nbytes'] / r['kernel_s'] / copy_bps:>5.1f}%")
+    base, vs = (timed(r["base_s"]), f"{r['base_s'] / r['kernel_s']:.2f}") if "base_s" in r else ("-", "-")
+    return line + (f"  {base:>24}  {r.get('base_how', '-'):<27} {r['ref_s'] / r['kernel_s']:>10.1f}"
+                   f"  {vs:>11}  {100 * r['nbytes'] / r['kernel_s'] / copy_bps:>5.1f}%")
 
 
 def _decode_line(shape, r: dict) -> str:
     line = f"  {'x'.join(map(str, shape)):>11}  {r['kernel_s'] * 1e6:9.1f} us  {r['ref_s'] * 1e6:9.1f} us"
     if "base_error" in r:
         return line + f"  baseline error: {r['base_error']}"
-    return line + (f"  {r['base_s'] * 1e6:9.1f} us  {r['base_how']:<27} {r['ref_s'] / r['kernel_s']:>10.1f}"
-                   f"  {r['kernel_s'] / r['base_s']:>15.2f}")
+    base, ratio = (f"{r['base_s'] * 1e6:.1f} us", f"{r['kernel_s'] / r['base_s']:.2f}") if "base_s" in r else ("-", "-")
+    return line + f"  {base:>12}  {r.get('base_how', '-'):<27} {r['ref_s'] / r['kernel_s']:>10.1f}  {ratio:>15}"
 
 
 def cmd_bench(ops, args) -> int:
     op = _op(ops, args.op)
-    if op.baseline is None:
-        raise UserError(f"{op.name} declares no torch baseline to benchmark against")
     options = op.parse_options(args.opt)
+    make_baseline = bench.discover_baselines().get(op.name)
+    baseline = None if make_baseline is None else make_baseline(op, options)
     shapes = [args.shape] if args.shape else list(op.bench_shapes)
     for shape in shapes:
         _check_shape(op, shape)
@@ -204,12 +208,12 @@ def cmd_bench(ops, args) -> int:
             print(f"{op.name} (cpu, {n} thread{'s' if n > 1 else ''}, flavor {flavor}) options: {shown}")
             print(f"  copy bandwidth {copy_bps / 1e9:.1f} GB/s (dst.copy_(src) of 256 MiB uint8, bytes read + "
                   f"written, best of 5)")
-            print(f"  baseline: {op.baseline(options).what}")
+            print(f"  baseline: {NO_BASELINE if baseline is None else baseline.what}")
             rows = {}
             for shape in shapes:
                 if shape not in inputs_of:
                     inputs_of[shape] = op.make_inputs(shape, options, args.seed)
-                rows[shape] = _bench_shape(op, options, inputs_of[shape], flavor, args.repeat)
+                rows[shape] = _bench_shape(op, options, baseline, inputs_of[shape], flavor, args.repeat)
             mismatch = {shape: "" if r["kernel_ok"] else "  (KERNEL MISMATCH)" for shape, r in rows.items()}
             big = [shape for shape in shapes if shape[0] > DECODE_ROWS]
             if big:

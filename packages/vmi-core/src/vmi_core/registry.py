@@ -49,9 +49,7 @@ class OpInfo:
     ``reference(inputs, options, flavor)`` -> the reference outputs;
     ``check(outputs, expected)`` -> list of mismatch lines (empty when equal);
     ``source(options, target, flavor)`` -> generated kernel source;
-    ``nbytes(inputs, outputs)`` -> bytes read and written, for throughput;
-    ``baseline(options)`` -> a ``vmi_core.bench.Baseline``: the fastest straightforward torch
-    composition of the op, whose ``run(inputs, flavor, rows)`` gives outputs like ``run``'s.
+    ``nbytes(inputs, outputs)`` -> bytes read and written, for throughput.
     ``targets`` maps each target to a one-line support status; ``check_criterion``
     says what ``check`` compares ("bit for bit", or a tolerance).
     """
@@ -71,7 +69,6 @@ class OpInfo:
     nbytes: Callable
     aliases: tuple[str, ...] = field(default=())
     check_criterion: str = "bit for bit"
-    baseline: Callable | None = None
 
     def parse_options(self, pairs: list[str]) -> dict:
         known = {o.name: o for o in self.options}

@@ -17,7 +17,7 @@ from vmi_core.softplus import sqrt_softplus
 from vmi_core.targets import device_of, flavor_argument, resolve_flavor
 from vmi_core.testing import bitwise_mismatches, compare_named, generator, randn
 
-from . import baselines, reference
+from . import reference
 from .moe_topk_gate import moe_topk_gate_forward
 from .moe_topk_gate_backward import moe_topk_gate_backward
 from .moe_topk_gate_backward_parallel import GateBackwardSpec, moe_topk_gate_backward_source
@@ -251,7 +251,6 @@ OPS = [
         check=compare_named(("topk_idx",)),
         source=_topk_source,
         nbytes=_nbytes,
-        baseline=baselines.topk_gate_baseline,
     ),
     OpInfo(
         name="normalize_weight",
@@ -267,7 +266,6 @@ OPS = [
         check=compare_named(("denominator", "normalized_weights")),
         source=_normalize_source,
         nbytes=_nbytes,
-        baseline=baselines.normalize_weight_baseline,
     ),
     OpInfo(
         name="moe_topk_gate",
@@ -284,7 +282,6 @@ OPS = [
         source=_gate_source,
         nbytes=_nbytes,
         aliases=("moe_topk_gate_forward",),
-        baseline=lambda options: baselines.moe_topk_gate_baseline(options, _SCALE),
         check_criterion="(expert sets bit for bit; weights and scores to rtol 1e-5)",
     ),
     OpInfo(
@@ -301,7 +298,6 @@ OPS = [
         check=_backward_check,
         source=_backward_source,
         nbytes=_nbytes,
-        baseline=lambda options: baselines.moe_topk_gate_backward_baseline(options, _SCALE),
         check_criterion="to rtol 1e-5, atol 1e-5 * max|reference|",
     ),
 ]

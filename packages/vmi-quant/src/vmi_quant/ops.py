@@ -9,7 +9,7 @@ from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import device_of, flavor_argument, resolve_flavor
 from vmi_core.testing import compare_named, randn
 
-from . import baselines, reference
+from . import reference
 from .cast import cast
 from .cast_back import cast_back
 from .cast_back_parallel import CastBackSpec, cast_back_source
@@ -300,7 +300,6 @@ OPS = [
         check=_compare_data_sf,
         source=_ptc_source,
         nbytes=_nbytes,
-        baseline=lambda options: baselines.per_token_cast_baseline(options, _ptc_reference),
     ),
     OpInfo(
         name="per_token_cast_and_cast_back",
@@ -316,7 +315,6 @@ OPS = [
         check=compare_named(("x",)),
         source=_round_trip_source,
         nbytes=lambda inputs, outputs: 2 * inputs["x"].numel() * inputs["x"].element_size(),
-        baseline=baselines.round_trip_baseline,
     ),
     OpInfo(
         name="per_block_cast",
@@ -332,7 +330,6 @@ OPS = [
         check=_compare_data_sf,
         source=_pbc_source,
         nbytes=_nbytes,
-        baseline=baselines.per_block_cast_baseline,
     ),
     OpInfo(
         name="per_block_cast_lossless",
@@ -348,7 +345,6 @@ OPS = [
         check=_compare_data_sf,
         source=_lossless_source,
         nbytes=_lossless_nbytes,
-        baseline=baselines.lossless_baseline,
     ),
     OpInfo(
         name="cast",
@@ -370,7 +366,6 @@ OPS = [
         check=_compare_tensor,
         source=_cast_source,
         nbytes=_cast_nbytes,
-        baseline=lambda options: baselines.cast_baseline(options, _cast_reference, _CAST_DTYPES),
     ),
     OpInfo(
         name="cast_back",
@@ -391,7 +386,6 @@ OPS = [
         check=_compare_tensor,
         source=_cast_back_source,
         nbytes=_cast_back_nbytes,
-        baseline=baselines.cast_back_baseline,
         aliases=("per_token_cast_back",),
     ),
 ]

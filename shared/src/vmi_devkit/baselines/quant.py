@@ -1,4 +1,4 @@
-"""Speed baselines of the quantization ops for ``vmi bench``: the straightforward torch composition
+"""Speed baselines of vmi-quant's ops for ``vmi bench``: the straightforward torch composition
 of each op (native torch ops, no bit-level emulation), in the structure of the op's ``run`` outputs.
 
 E4M3 is torch's ``float8_e4m3fn`` conversion; E2M1, which torch cannot convert to, is rounded with
@@ -12,8 +12,7 @@ import torch
 
 from vmi_core.bench import Baseline, chunked_reference, in_row_chunks
 from vmi_core.targets import get_flavor
-
-from .config import get_amax_clamp_for_quant
+from vmi_quant.config import get_amax_clamp_for_quant
 
 _Q = {"e4m3": 448.0, "e2m1": 6.0}
 _E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -146,9 +145,9 @@ def _block_cast_baseline(options, block, what):
     return Baseline(run, what)
 
 
-def per_token_cast_baseline(options, reference):
+def per_token_cast_baseline(op, options):
     if options["stochastic_cast"]:
-        return chunked_reference(lambda inputs, flavor: reference(inputs, options, flavor), _slice_x, _rows,
+        return chunked_reference(lambda inputs, flavor: op.reference(inputs, options, flavor), _slice_x, _rows,
                                  "stochastic_cast not modelled")
     npc, fmt = options["num_per_channels"], options["fmt"]
     encode = ".to(float8_e4m3fn)" if fmt == "e4m3" else "E2M1 by comparisons, packed"
@@ -157,7 +156,7 @@ def per_token_cast_baseline(options, reference):
                                 f"{encode}")
 
 
-def per_block_cast_baseline(options):
+def per_block_cast_baseline(op, options):
     bm, bk, fmt = options["block_m"], options["block_k"], options["fmt"]
     encode = ".to(float8_e4m3fn)" if fmt == "e4m3" else "E2M1 by comparisons, packed"
     return _block_cast_baseline(options, (bm, bk),
@@ -167,7 +166,7 @@ def per_block_cast_baseline(options):
 
 # --- per_token_cast_and_cast_back ---
 
-def round_trip_baseline(options):
+def round_trip_baseline(op, options):
     fmt, npc = options["fmt"], options["num_per_channels"]
     round_sf, use_e4m3_sf = options["round_sf"], options["use_e4m3_sf"]
     values = e2m1_values()
@@ -190,12 +189,15 @@ def round_trip_baseline(options):
 
 # --- cast ---
 
-def cast_baseline(options, reference, dtypes):
+_CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
+
+
+def cast_baseline(op, options):
     if options["stochastic_rounding"]:
         # Its random counters are the flat indices of the whole tensor: no chunks.
-        return chunked_reference(lambda inputs, flavor: reference(inputs, options, flavor), None, None,
+        return chunked_reference(lambda inputs, flavor: op.reference(inputs, options, flavor), None, None,
                                  "stochastic_rounding not modelled; its counters index the whole tensor")
-    dtype = dtypes[options["dtype"]]
+    dtype = _CAST_DTYPES[options["dtype"]]
 
     def run(inputs, flavor, rows):
         x = inputs["x"]
@@ -218,7 +220,7 @@ def _decode_sf(sf: torch.Tensor, nbm: int, nbk: int, bk: int, flavor) -> torch.T
     return (exps.int() << 23).view(torch.float32)
 
 
-def cast_back_baseline(options):
+def cast_back_baseline(op, options):
     bm, bk, out = options["block_m"], options["block_k"], options["fmt"]
     x_fmt = options["x_fmt"]
     dtype = torch.bfloat16 if out == "bf16" else torch.float32
@@ -246,7 +248,7 @@ def cast_back_baseline(options):
 
 # --- per_block_cast_lossless ---
 
-def lossless_baseline(options):
+def lossless_baseline(op, options):
     xbm, xbk = options["x_block_m"], options["x_block_k"]
     obm, obk = options["out_block_m"], options["out_block_k"]
     packed, col = options["use_packed_ue8m0"], options["use_tma_aligned_col_major_sf"]
@@ -272,3 +274,13 @@ def lossless_baseline(options):
         return out, _layout(sf_out, packed, col, flavor, pack_dim=0 if obk == 1 else 1)
     return Baseline(run, "torch ops: FP4 via a byte->values table, block exponents from the SF bits, "
                          "x * 2^(e - e_out), .to(float8_e4m3fn)")
+
+
+BASELINES = {
+    "per_token_cast": per_token_cast_baseline,
+    "per_token_cast_and_cast_back": round_trip_baseline,
+    "per_block_cast": per_block_cast_baseline,
+    "per_block_cast_lossless": lossless_baseline,
+    "cast": cast_baseline,
+    "cast_back": cast_back_baseline,
+}

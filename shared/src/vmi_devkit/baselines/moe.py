@@ -1,7 +1,10 @@
-"""Speed baselines of the MoE routing ops for ``vmi bench``: the straightforward torch composition of
+"""Speed baselines of vmi-moe's ops for ``vmi bench``: the straightforward torch composition of
 each op (``torch.topk``, ``F.softplus``, sums and divisions in fp32), in the structure of the op's
 ``run`` outputs. Row sums use torch's own order, so weights may differ from the reference's
 (sequential or butterfly) sums in the last bit; the bench shows whether they do.
+
+``vmi_moe.ops`` runs the gate with a routed scaling factor of ``SCALE``; the baselines use the same
+one (tests-integration/test_baselines.py holds them to the reference).
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import torch.nn.functional as F
 from vmi_core.bench import Baseline, in_row_chunks
 
 EPSILON = 1e-20
+SCALE = 1.5
 
 
-def topk_gate_baseline(options):
+def topk_gate_baseline(op, options):
     k = options["num_topk"]
 
     def run(inputs, flavor, rows):
@@ -23,7 +27,7 @@ def topk_gate_baseline(options):
     return Baseline(run, "torch.topk(scores, k).indices")
 
 
-def normalize_weight_baseline(options):
+def normalize_weight_baseline(op, options):
     def one(w):
         denom = w.sum(-1) + EPSILON
         return denom, w / denom.unsqueeze(-1)
@@ -34,7 +38,7 @@ def normalize_weight_baseline(options):
     return Baseline(run, "torch ops: d = w.sum(-1) + 1e-20, w / d", same_bits=False)
 
 
-def moe_topk_gate_baseline(options, scale: float):
+def moe_topk_gate_baseline(op, options):
     k, shared = options["num_topk"], options["num_shared_experts"]
 
     def one(logits, bias, mask):
@@ -42,7 +46,7 @@ def moe_topk_gate_baseline(options, scale: float):
         keys = scores if bias is None else scores + bias
         idx = torch.topk(keys, k, dim=1).indices
         w = scores.gather(1, idx)
-        weights = w / (w.sum(-1, keepdim=True) + EPSILON) * scale
+        weights = w / (w.sum(-1, keepdim=True) + EPSILON) * SCALE
         if shared:
             n, e = logits.shape
             idx = torch.cat([idx, torch.arange(e, e + shared).expand(n, shared)], dim=1)
@@ -62,14 +66,14 @@ def moe_topk_gate_baseline(options, scale: float):
                          "shared experts by torch.cat, mask by torch.where")
 
 
-def moe_topk_gate_backward_baseline(options, scale: float):
+def moe_topk_gate_backward_baseline(op, options):
     def one(scores, idx, weights, grad, mask, h):
         valid = idx >= 0
         slots = idx.clamp_min(0)
         g = torch.where(valid, grad, 0.0)
         denom = torch.where(valid, scores.gather(1, slots), 0.0).sum(-1, keepdim=True) + EPSILON
         inner = (g * weights).sum(-1, keepdim=True)
-        delta = torch.where(valid, (scale * g - inner) / denom, 0.0)
+        delta = torch.where(valid, (SCALE * g - inner) / denom, 0.0)
         total = torch.zeros_like(scores).scatter_add_(1, slots, delta)
         if h is not None:
             inv = torch.where(mask.unsqueeze(1), 1.0 / scores.sum(-1, keepdim=True), 0.0)
@@ -97,3 +101,11 @@ def moe_topk_gate_backward_baseline(options, scale: float):
         return (in_row_chunks(chunk, tokens, rows),)
     return Baseline(run, "torch ops in fp32: gather, sums, scatter_add_, the aux term by broadcasting, "
                          "-expm1(-u^2) / 2u")
+
+
+BASELINES = {
+    "topk_gate": topk_gate_baseline,
+    "normalize_weight": normalize_weight_baseline,
+    "moe_topk_gate": moe_topk_gate_baseline,
+    "moe_topk_gate_backward": moe_topk_gate_backward_baseline,
+}
