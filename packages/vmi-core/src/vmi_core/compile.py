@@ -15,6 +15,12 @@ binary is loaded and run, so the cache must be private: its directories are made
 0700, and one that another user owns or that others can write is refused. vmi
 points TileLang's cache at its own only while it compiles (under a lock), so other
 TileLang users in the process keep theirs.
+
+Each kernel ``cached_kernel`` compiles or loads, and each Ascend lowering ``kernel_source``
+makes, is recorded in ``entries/`` of the cache: one JSON file per kernel variant naming its op
+(the builder's name without ``build_``), target, specialisation and the cache files it occupies
+(TileLang's kernel directory, the ascend-sim library, the Ascend lowering). ``vmi cache`` reads
+the records; they change no cache key.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,11 +273,16 @@ def lower_ascend(func, target: str, **config) -> AscendLowering:
     command and the simulator need the same few hundred variants: the TIR script (printed in
     milliseconds) decides the output, together with the toolchain already in ``cache_key``.
     """
+    return _lower_ascend(func, target, **config)[0]
+
+
+def _lower_ascend(func, target: str, **config) -> tuple[AscendLowering, Path]:
+    """``lower_ascend`` and the cache file holding the lowering."""
     configs = sorted(pass_configs(target, **config).items())
     key = hashlib.sha256(f"{func.script()}|{configs}".encode()).hexdigest()
     path = private_dir(private_cache_dir() / "ascend-lowered") / f"{key}.json"
     try:
-        return AscendLowering(**json.loads(path.read_text()))
+        return AscendLowering(**json.loads(path.read_text())), path
     except (OSError, ValueError, TypeError):
         pass  # not cached yet, or a truncated or foreign entry: lower again
     artifact = lower_artifact(func, target, **config)
@@ -279,7 +291,7 @@ def lower_ascend(func, target: str, **config) -> AscendLowering:
     with os.fdopen(fd, "w") as out:
         json.dump(dataclasses.asdict(lowering), out)
     os.replace(partial, path)  # atomic: concurrent writers of one entry agree
-    return lowering
+    return lowering, path
 
 
 def lower(func, target: str, **config) -> str:
@@ -291,14 +303,20 @@ def lower(func, target: str, **config) -> str:
 
 def compile_kernel(func, target: str, **config):
     """A callable kernel for ``target`` (cached on disk across processes)."""
+    return _compile(func, target, **config)[0]
+
+
+def _compile(func, target: str, **config) -> tuple[object, list[Path]]:
+    """``compile_kernel`` and the cache entries the kernel occupies."""
     if target == "ascend-sim":
         from .ascend_sim import AscendSimError, SimKernel
 
-        lowering = lower_ascend(func, target, **config)
+        lowering, lowered = _lower_ascend(func, target, **config)
         if lowering.cores is None:
             raise AscendSimError("ascend-sim runs persistent kernels: this kernel's grid depends on runtime sizes")
-        return SimKernel(func, lowering.source, lowering.cores, lowering.ub_bytes,
-                         private_dir(private_cache_dir() / "ascend-sim"))
+        kernel = SimKernel(func, lowering.source, lowering.cores, lowering.ub_bytes,
+                           private_dir(private_cache_dir() / "ascend-sim"))
+        return kernel, [lowered, kernel.library]
     _setup(target)
     kwargs = {}
     if target == "cpu":
@@ -306,11 +324,14 @@ def compile_kernel(func, target: str, **config):
     with _tilelang_cache():
         kernel = tilelang.compile(func, target=tvm_target(target), pass_configs=pass_configs(target, **config),
                                   **kwargs)
+    # TileLang tags the kernel with its cache directory (tilelang==0.1.15 is pinned).
+    entry = getattr(kernel, "_tilelang_cache_path", None)
+    paths = [Path(entry)] if entry else []
     if target == "cpu":
         from .cpu_kernel import CpuKernel
 
-        return CpuKernel(kernel)
-    return kernel
+        return CpuKernel(kernel), paths
+    return kernel, paths
 
 
 class KernelCache:
@@ -332,10 +353,106 @@ class KernelCache:
 
 kernel_cache = KernelCache()
 
+ENTRIES_DIR = "entries"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A kernel variant's record in the disk cache: its op (the builder's name without ``build_``),
+    target, builder (``module.qualname``), specialisation (``repr``), and its files, relative to
+    ``cache_dir()``. ``fresh``: compiled (or lowered) by the call that noted it, not loaded."""
+
+    op: str
+    target: str
+    kernel: str
+    spec: str
+    paths: tuple[str, ...]
+    fresh: bool = False
+
+
+_watchers: list[list[CacheEntry]] = []
+_watchers_lock = threading.Lock()
+# kernel_requests(): the (build, spec, target, config) kernel_source was asked for, per thread.
+_requests = threading.local()
+
+
+@contextlib.contextmanager
+def watch_entries():
+    """Yields a list that collects a ``CacheEntry`` for each kernel compiled or loaded from disk, and
+    each Ascend lowering made or read, in this process while the block runs (kernels this process
+    already holds are not listed)."""
+    seen: list[CacheEntry] = []
+    with _watchers_lock:
+        _watchers.append(seen)
+    try:
+        yield seen
+    finally:
+        with _watchers_lock:
+            _watchers.remove(seen)
+
+
+@contextlib.contextmanager
+def kernel_requests():
+    """Within the block, ``kernel_source`` lowers nothing and returns ``""``: it appends the
+    ``(build, spec, target, config)`` it was asked for to the yielded list (an op's ``source``
+    then names the kernel variant its options select, without the cost of lowering it)."""
+    requests: list[tuple] = []
+    saved = getattr(_requests, "active", None)
+    _requests.active = requests
+    try:
+        yield requests
+    finally:
+        _requests.active = saved
+
+
+def _note(build: Callable, spec, target: str, config: dict, paths: list[Path], started: float) -> None:
+    """Record the cache files of a kernel variant in ``entries/`` and tell the watchers."""
+    directory = private_cache_dir().resolve()
+    paths = [path.resolve() for path in paths]
+    name = f"{build.__module__}.{build.__qualname__}"
+    relative = tuple(sorted(str(path.relative_to(directory)) for path in paths if path.is_relative_to(directory)))
+    if not relative:
+        return
+    entry = CacheEntry(build.__name__.removeprefix("build_"), target, name, repr(spec), relative)
+    key = hashlib.sha256(f"{name}|{spec!r}|{target}|{sorted(config.items())}".encode()).hexdigest()[:32]
+    record = private_dir(directory / ENTRIES_DIR) / f"{key}.json"
+    data = {field: value for field, value in dataclasses.asdict(entry).items() if field != "fresh"}
+    data["paths"] = list(relative)
+    try:
+        current = json.loads(record.read_text())
+    except (OSError, ValueError):
+        current = None
+    if current != data:
+        fd, partial = tempfile.mkstemp(dir=record.parent, suffix=".partial")
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        os.replace(partial, record)
+    fresh = any(path.exists() and path.stat().st_mtime >= started for path in paths)
+    with _watchers_lock:
+        for seen in _watchers:
+            seen.append(dataclasses.replace(entry, fresh=fresh))
+
 
 def kernel_source(build: Callable, spec, target: str, **config) -> str:
     """Generated source of the kernel ``build(spec, target)`` (no hardware needed)."""
-    return lower(build(spec, lowering_target(target)), target, **config)
+    requests = getattr(_requests, "active", None)
+    if requests is not None:
+        requests.append((build, spec, target, config))
+        return ""
+    func = build(spec, lowering_target(target))
+    if lowering_target(target) != "ascend":
+        return lower(func, target, **config)
+    started = time.time()
+    lowering, path = _lower_ascend(func, target, **config)
+    _note(build, spec, "ascend", config, [path], started)
+    return lowering.source
+
+
+def _compile_and_note(build: Callable, spec, target: str, config: dict):
+    started = time.time()
+    kernel, paths = _compile(build(spec, lowering_target(target)), target, **config)
+    _note(build, spec, target, config, paths, started)
+    return kernel
 
 
 def cached_kernel(build: Callable, spec, target: str, **config):
@@ -344,4 +461,4 @@ def cached_kernel(build: Callable, spec, target: str, **config):
     ``ascend-sim`` builds the ``ascend`` kernel body: the simulator runs what ``ascend`` emits.
     """
     return kernel_cache.get((build.__module__, build.__qualname__, spec, target),
-                            lambda: compile_kernel(build(spec, lowering_target(target)), target, **config))
+                            lambda: _compile_and_note(build, spec, target, config))

@@ -297,12 +297,13 @@ class SimKernel:
         self.ub_capacity = UB_BYTES_WITH_SIMT if "__simt_vf__" in source else UB_BYTES
         self._func = func
         prepared = prepare_source(source)
-        library = compile_library(prepared, cache)
+        self.library = compile_library(prepared, cache)  # its cache entry
         try:
-            self._lib, self._lock = _load(library)
+            self._lib, self._lock = _load(self.library)
         except OSError:  # a truncated or garbage cache entry: build it again
-            library.unlink(missing_ok=True)
-            self._lib, self._lock = _load(compile_library(prepared, cache))
+            self.library.unlink(missing_ok=True)
+            self.library = compile_library(prepared, cache)
+            self._lib, self._lock = _load(self.library)
 
     def _bind(self, args) -> dict:
         """Names of the emitted entry's parameters -> values, from the prim_func's arguments."""
