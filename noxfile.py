@@ -72,6 +72,16 @@ def lint(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "ruff", "check", ".", *session.posargs)
 
 
+@nox.session(venv_backend="none")
+def docs(session: nox.Session) -> None:
+    """The API reference site: docs/requirements.txt into the current environment, then mkdocs build --strict
+    into site/ (arguments after -- go to mkdocs build)."""
+    session.run(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                "-r", str(ROOT / "docs" / "requirements.txt"))
+    session.run(sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+                *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
+
+
 # Each family package is installed alone from dist/ into a fresh venv and runs one op.
 WHEEL_CHECKS = (("vmi-quant", "per_token_cast"), ("vmi-moe", "moe_topk_gate"))
 

@@ -1,0 +1,207 @@
+"""mkdocs hook of the vmi documentation (``hooks:`` in mkdocs.yml).
+
+What the pages take from the code at build time, so that they cannot drift from it:
+
+``::: vmi_quant.per_token_cast``
+    A public name (listed in its package's ``__all__``) is rewritten to the object's defining
+    module (griffe would find the submodule of the same name instead), with the public name as
+    the heading. Other ``:::`` identifiers are left to mkdocstrings as written.
+``<!-- vmi:targets OP [OP ...] -->``
+    Support per target of the named ops (names or aliases): their ``OpInfo.targets``, from
+    ``vmi_core.registry.discover()``, and what the checks compare (``OpInfo.check_criterion``).
+``<!-- vmi:targets family=FAMILY -->``
+    The same for every registered op of a family, ops with identical support in one table.
+``<!-- vmi:ops FAMILY -->``
+    The family's registered ops: name and aliases, ``OpInfo.summary``, link to the op's page.
+``<!-- vmi:cli OP -->``
+    The ``vmi run OP -o name=value`` options of an op (``OpInfo.options``).
+
+It warns (an error under ``mkdocs build --strict``) when a public name of a family package has
+no ``:::`` directive on any page, when a registered op appears in no ``vmi:targets`` table, and
+when a marker names an unknown op, family or marker kind.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import posixpath
+import re
+
+from vmi_core.registry import OpInfo, discover
+from vmi_core.targets import TARGETS
+
+log = logging.getLogger("mkdocs.plugins.vmi_docs")
+
+FAMILY_PACKAGES = ("vmi_quant", "vmi_moe", "vmi_mhc")
+_DIRECTIVE = re.compile(r"^::: *(?P<ident>[A-Za-z_][\w.]*) *$")
+_MARKER = re.compile(r"<!-- *vmi:(?P<kind>[\w-]+)(?P<args>[^>]*?) *-->")
+
+
+class _State:
+    ops: dict[str, OpInfo] = {}  # name or alias -> op
+    public: dict[str, str] = {}  # "vmi_quant.cast" -> "vmi_quant.cast.cast"
+    pages: dict[str, str] = {}  # public name -> src_uri of the page documenting it
+    shown: set[str] = set()  # op names rendered in a vmi:targets table
+
+
+def on_config(config):
+    _State.ops = discover()
+    _State.public = {}
+    for package in FAMILY_PACKAGES:
+        module = importlib.import_module(package)
+        for name in getattr(module, "__all__", ()):
+            obj = getattr(module, name)
+            _State.public[f"{package}.{name}"] = f"{obj.__module__}.{obj.__qualname__}"
+    _State.shown = set()
+    return config
+
+
+def on_files(files, config):
+    """Which page documents which public name; warn for any public name no page documents."""
+    _State.pages = {}
+    for file in files.documentation_pages():
+        with open(file.abs_src_path, encoding="utf-8") as f:
+            for line in f:
+                match = _DIRECTIVE.match(line.rstrip("\n"))
+                if match and match["ident"] in _State.public:
+                    _State.pages.setdefault(match["ident"], file.src_uri)
+    for name in sorted(set(_State.public) - set(_State.pages)):
+        log.warning(f"{name} is public (in __all__) but no page has a '::: {name}' directive")
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    markdown = _rewrite_directives(markdown)
+    return _MARKER.sub(lambda m: _expand(m["kind"], m["args"].split(), page.file.src_uri), markdown)
+
+
+def on_post_build(config):
+    names = {op.name for op in _State.ops.values()}
+    for name in sorted(names - _State.shown):
+        log.warning(f"op {name!r} is registered but no page shows its targets (<!-- vmi:targets {name} -->)")
+
+
+# --- ::: directives ---
+
+
+def _rewrite_directives(markdown: str) -> str:
+    lines = markdown.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        match = _DIRECTIVE.match(lines[i])
+        if not match or match["ident"] not in _State.public:
+            out.append(lines[i])
+            i += 1
+            continue
+        ident = match["ident"]
+        out.append(f"::: {_State.public[ident]}")
+        i += 1
+        heading = [f'      heading: "{ident}"', f'      toc_label: "{ident.rpartition(".")[2]}"']
+        if i < len(lines) and lines[i].strip() == "options:":
+            out.append(lines[i])
+            i += 1
+        else:
+            out.append("    options:")
+        out.extend(heading)
+    return "\n".join(out)
+
+
+# --- markers ---
+
+
+def _expand(kind: str, args: list[str], src_uri: str) -> str:
+    try:
+        if kind == "targets":
+            if len(args) == 1 and args[0].startswith("family="):
+                return _family_targets(args[0].partition("=")[2])
+            return _targets_table([_op(name) for name in args])
+        if kind == "ops" and len(args) == 1:
+            return _ops_table(args[0], src_uri)
+        if kind == "cli" and len(args) == 1:
+            return _cli_table(_op(args[0]))
+        raise LookupError(f"unknown marker vmi:{kind} {' '.join(args)}")
+    except LookupError as error:
+        log.warning(f"{src_uri}: {error.args[0]}")
+        return f"*(vmi:{kind}: {error.args[0]})*"
+
+
+def _op(name: str) -> OpInfo:
+    if name not in _State.ops:
+        raise LookupError(f"no registered op {name!r} (known: {', '.join(sorted(_State.ops))})")
+    return _State.ops[name]
+
+
+def _family_ops(family: str) -> list[OpInfo]:
+    ops = list({op.name: op for op in _State.ops.values() if op.family == family}.values())
+    if not ops and f"vmi_{family}" not in FAMILY_PACKAGES:
+        raise LookupError(f"no family {family!r}")
+    return ops
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _targets_of(ops: list[OpInfo]) -> list[str]:
+    extra = [t for op in ops for t in op.targets if t not in TARGETS]
+    return list(TARGETS) + list(dict.fromkeys(extra))
+
+
+def _targets_table(ops: list[OpInfo]) -> str:
+    if not ops:
+        raise LookupError("vmi:targets names no op")
+    _State.shown.update(op.name for op in ops)
+    if len(ops) == 1:
+        rows = ["| target | support |", "| --- | --- |"]
+    else:
+        rows = ["| target | " + " | ".join(f"`{op.name}`" for op in ops) + " |",
+                "| --- |" + " --- |" * len(ops)]
+    for target in _targets_of(ops):
+        cells = [_cell(op.targets.get(target, "not supported")) for op in ops]
+        rows.append(f"| `{target}` | " + " | ".join(cells) + " |")
+    checks = "; ".join(f"`{op.name}` {op.check_criterion}" if len(ops) > 1 else op.check_criterion for op in ops)
+    return "\n".join(rows) + f"\n\nChecked against the PyTorch reference: {_cell(checks)}.\n"
+
+
+def _family_targets(family: str) -> str:
+    ops = _family_ops(family)
+    if not ops:
+        return "No op of this family is registered yet.\n"
+    groups: dict[tuple, list[OpInfo]] = {}
+    for op in ops:
+        groups.setdefault(tuple(sorted(op.targets.items())), []).append(op)
+    parts = []
+    for group in groups.values():
+        _State.shown.update(op.name for op in group)
+        names = ", ".join(f"`{op.name}`" for op in group)
+        rows = ["| target | support |", "| --- | --- |"]
+        rows += [f"| `{t}` | {_cell(group[0].targets.get(t, 'not supported'))} |" for t in _targets_of(group)]
+        parts.append(f"**{names}**\n\n" + "\n".join(rows) + "\n")
+    return "\n".join(parts)
+
+
+def _ops_table(family: str, src_uri: str) -> str:
+    ops = _family_ops(family)
+    if not ops:
+        return "No op of this family is registered yet.\n"
+    rows = ["| op | what it does | checked |", "| --- | --- | --- |"]
+    for op in ops:
+        names = [op.name, *op.aliases]
+        page = next((_State.pages[f"vmi_{family}.{n}"] for n in names if f"vmi_{family}.{n}" in _State.pages), None)
+        label = " / ".join(f"`{n}`" for n in names)
+        if page:
+            label = f"[{label}]({posixpath.relpath(page, posixpath.dirname(src_uri) or '.')})"
+        rows.append(f"| {label} | {_cell(op.summary)} | {_cell(op.check_criterion)} |")
+    return "\n".join(rows) + "\n"
+
+
+def _cli_table(op: OpInfo) -> str:
+    rows = ["| option | default | choices | meaning |", "| --- | --- | --- | --- |"]
+    for o in op.options:
+        choices = ", ".join(f"`{c}`" for c in o.choices) if o.choices else ""
+        rows.append(f"| `{o.name}` | `{o.default}` | {choices} | {_cell(o.help)} |")
+    shape = "x".join(str(n) for n in op.default_shape)
+    return (f"`vmi run {op.name} [-o name=value ...]` runs the op at its default shape ({shape}) on a target, "
+            f"checks it against the reference and times both; its options:\n\n" + "\n".join(rows) + "\n")
