@@ -2,22 +2,29 @@
 
     vmi list
     vmi run OP [--shape 4096x7168] [--target cpu|ascend-sim|...] [--flavor ascend] [-o name=value ...]
-    vmi bench OP [--shape ...] [--repeat N] [--threads 1,2] [-o name=value ...]
+    vmi bench OP [--shape ...] [--tokens 1,16,...] [--repeat N] [--threads 1,2] [--plot FILE.png] [-o name=value ...]
     vmi source OP --target ascend|cuda|cpu [-o name=value ...]
     vmi source OP --target ascend --stats [--shape ...] [-o name=value ...]
+    vmi precompile [--family F] [--target T ...] [--ops OP ...] [--from-config FILE] [-j N]
+    vmi cache info
+    vmi cache clear [--op OP ...] [--target T ...] [--stale] [--yes]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from . import bench
+from . import cache as vmi_cache
+from .compile import cache_dir
 from .registry import OpInfo, discover
 from .targets import FLAVORS, TARGETS, device_of, flavor_argument, resolve_flavor
 
@@ -195,7 +202,19 @@ def cmd_bench(ops, args) -> int:
     options = op.parse_options(args.opt)
     make_baseline = bench.discover_baselines().get(op.name)
     baseline = None if make_baseline is None else make_baseline(op, options)
-    shapes = [args.shape] if args.shape else list(op.bench_shapes)
+    if args.plot:
+        from . import plot
+        try:
+            plot.require_matplotlib()
+        except ImportError as error:
+            raise UserError(str(error)) from None
+    if args.tokens or args.plot:
+        # A sweep of token counts at one hidden size: the --shape's, else the op's default.
+        tokens = args.tokens or sorted({shape[0] for shape in op.bench_shapes})
+        hidden = (args.shape or op.default_shape)[1:]
+        shapes = [(t, *hidden) for t in tokens]
+    else:
+        shapes = [args.shape] if args.shape else list(op.bench_shapes)
     for shape in shapes:
         _check_shape(op, shape)
     flavor = args.flavor
@@ -228,12 +247,78 @@ def cmd_bench(ops, args) -> int:
                 for shape in small:
                     print(_decode_line(shape, rows[shape]) + mismatch[shape])
             failed |= any("base_error" in r or not r["kernel_ok"] for r in rows.values())
+    if args.plot:
+        # The last thread count's timings.
+        title = (f"{op.name} ({shown}), cpu, {n} thread{'s' if n > 1 else ''}, flavor {flavor}, "
+                 f"hidden {'x'.join(map(str, shapes[0][1:]))}")
+        plot.save_png(plot.throughput_figure(title, rows, copy_bps), args.plot)
+        print(f"chart of GB/s by token count ({n} thread{'s' if n > 1 else ''}) written to {args.plot}")
     print(f"times: best of {args.repeat} after a warm-up call. kernel/ref: reference time / kernel time. "
           f"vs baseline: baseline time / kernel time (> 1: the kernel is faster).")
     print("% copy: the kernel's GB/s as a share of the copy bandwidth. kernel/baseline (decode sizes): "
           "kernel us / baseline us (goal <= 3).")
     print(f"same / close / differs: the baseline's outputs against the reference ({op.check_criterion}).")
     return 1 if failed else 0
+
+
+def cmd_precompile(ops, args) -> int:
+    from . import precompile
+
+    chosen = {op.name: op for op in ops.values()}
+    if args.family:
+        chosen = {name: op for name, op in chosen.items() if op.family == args.family}
+    if args.ops:
+        wanted = {_op(ops, name).name for name in args.ops}
+        chosen = {name: op for name, op in chosen.items() if name in wanted}
+    if args.from_config:
+        calls = [call for call in precompile.load_config(args.from_config, ops) if call[0].name in chosen]
+    else:
+        calls = precompile.default_calls(list(chosen.values()))
+    targets = tuple(args.target or (_host_target(),))
+    todo = precompile.variants(calls, targets)
+    print(f"precompile: {len(todo)} variants on {', '.join(targets)} into {cache_dir()}, "
+          f"{min(args.jobs, len(todo))} processes")
+    start = time.perf_counter()
+    results = precompile.precompile(todo, args.jobs)
+    print("\n".join(precompile.summary_lines(results, ops, time.perf_counter() - start)))
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def _host_target() -> str:
+    """The target of this host's accelerator: cuda, ascend, else cpu."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch, "npu") and torch.npu.is_available():
+        return "ascend"
+    return "cpu"
+
+
+def cmd_cache(ops, args) -> int:
+    if args.action == "info":
+        print("\n".join(vmi_cache.info_lines(vmi_cache.info())))
+        return 0
+    if args.stale and (args.op or args.target):
+        raise UserError("--stale removes whole directories of other cache keys: it takes no --op or --target")
+    names = tuple(_op(ops, name).name if name in ops else name for name in args.op)
+    plan = vmi_cache.plan_clear(names, tuple(args.target), stale_only=args.stale)
+    if plan.empty:
+        print("nothing to remove")
+        return 0
+    what = (f"{len(plan.directories)} cache key directories under {vmi_cache.info().root}" if plan.directories
+            else f"{len(plan.records)} kernel variants ({len(plan.paths)} cache entries)")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UserError(f"vmi cache clear would remove {what}; pass --yes to confirm")
+        if input(f"remove {what}, {vmi_cache.format_size(plan.nbytes)}? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing removed")
+            return 1
+    nbytes = plan.nbytes
+    vmi_cache.clear(plan)
+    print(f"removed {what}, {vmi_cache.format_size(nbytes)}")
+    if plan.kept_unrecorded:
+        print(f"kept {plan.kept_unrecorded} unrecorded entries (op and target unknown; `vmi cache clear` without "
+              f"filters removes everything)")
+    return 0
 
 
 def cmd_source(ops, args) -> int:
@@ -293,7 +378,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vmi", description="vmi kernel library: list, run, bench, source")
+    parser = _Parser(prog="vmi", description="vmi kernel library: list, run, bench, source, precompile, cache")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="ops and their status per target")
 
@@ -317,11 +402,38 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--repeat", type=_positive, default=10)
     bench_parser.add_argument("--threads", type=_thread_counts, default=(1, 2), metavar="1,2",
                               help="thread counts to run (torch threads and VMI_CPU_THREADS), default 1,2")
+    bench_parser.add_argument("--tokens", type=_thread_counts, metavar="1,16,...",
+                              help="token counts to run at the hidden size of --shape (default: the op's); "
+                                   "with --plot, default: the token counts of the op's bench shapes")
+    bench_parser.add_argument("--plot", type=Path, metavar="FILE.png",
+                              help="also write a chart of GB/s by token count for the last thread count "
+                                   "(kernel, reference, baseline, copy bandwidth; needs vmi-core[plot])")
     source = op_parser("source", "print the generated kernel source")
     source.add_argument("--target", choices=TARGETS, required=True)
     source.add_argument("--stats", action="store_true",
                         help="Ascend only: vector regions, and per-element counts of one ascend-sim launch")
     source.add_argument("--shape", type=_shape, help="the shape --stats runs (default: the op's)")
+
+    pre = sub.add_parser("precompile", help="compile the ops' kernels into the cache before serving")
+    pre.add_argument("--family", help="only this family's ops (quant, mhc, moe)")
+    pre.add_argument("--target", nargs="+", choices=TARGETS,
+                     help="targets to compile for (default: this host's accelerator, else cpu)")
+    pre.add_argument("--ops", nargs="+", metavar="OP", help="only these ops")
+    pre.add_argument("--from-config", type=Path, metavar="FILE",
+                     help="the op calls of a model: a JSON list of {\"op\": ..., \"options\": {...}} "
+                          "(default: every op's default options)")
+    pre.add_argument("-j", "--jobs", type=_positive, default=os.cpu_count() or 1,
+                     help="worker processes (default: one per core)")
+
+    cache = sub.add_parser("cache", help="the kernel cache: what it holds, and removing it")
+    actions = cache.add_subparsers(dest="action", required=True)
+    actions.add_parser("info", help="location, size, kernel variants by op and target")
+    clear = actions.add_parser("clear", help="remove cached kernels (all, or those of --op / --target)")
+    clear.add_argument("--op", nargs="+", default=[], help="only these ops' kernels")
+    clear.add_argument("--target", nargs="+", default=[], choices=TARGETS, help="only kernels for these targets")
+    clear.add_argument("--stale", action="store_true",
+                       help="only the directories of other vmi versions or toolchains")
+    clear.add_argument("--yes", action="store_true", help="remove without asking")
     return parser
 
 
@@ -332,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     # discover(): importing the ops imports TileLang, which sets up its own logger levels.
     for name in ("tilelang", "tilelang.jit.kernel"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    handlers = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "source": cmd_source}
+    handlers = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "source": cmd_source,
+                "precompile": cmd_precompile, "cache": cmd_cache}
     try:
         return handlers[args.command](ops, args)
     except (UserError, ValueError, TypeError) as error:
