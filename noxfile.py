@@ -7,15 +7,15 @@ Run them with the nox installed by ``bash scripts/setup``::
     .venv/bin/nox -s tests -- -k per_token_cast   # arguments after -- go to pytest
 
 Every session runs in the current environment (``venv_backend="none"``): the
-``.venv`` that scripts/setup made, with torch and the four packages installed in
-editable mode. No session creates its own environment or reinstalls torch,
-except ``build``, which checks the wheels in a fresh venv under
-``.nox/wheel-check``.
+``.venv`` that scripts/setup made, with torch, the four packages and vmi-devkit
+(shared/) installed in editable mode. No session creates its own environment or
+reinstalls torch, except ``build`` and ``release``, which check wheels in fresh
+venvs under ``.nox/`` (scripts/release_check.py, at the versions of
+shared/constraints.txt).
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -30,7 +30,6 @@ TEST_DIRS = {
     "moe": "packages/vmi-moe/tests",
     "integration": "tests-integration",
 }
-TORCH_PIN = "torch==2.13.0"
 WORKERS = "2"
 
 nox.options.default_venv_backend = "none"
@@ -82,40 +81,35 @@ def docs(session: nox.Session) -> None:
                 *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
-# Each family package is installed alone from dist/ into a fresh venv and runs one op.
-WHEEL_CHECKS = (("vmi-quant", "per_token_cast"), ("vmi-moe", "moe_topk_gate"))
+def _release_check():
+    """scripts/release_check.py as a module: the checks the release workflow runs."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import release_check
+
+    return release_check
 
 
 @nox.session(venv_backend="none")
 def build(session: nox.Session) -> None:
-    """Build the four wheels into dist/; install each family package alone from them and run an op."""
+    """Build the four wheels into dist/; install each family package with ops alone from them and run an op."""
+    rc = _release_check()
     dist = ROOT / "dist"
     for old in dist.glob("vmi_*.whl"):
         old.unlink()
-    dist.mkdir(exist_ok=True)
-    for package in PACKAGES:
-        # No build isolation: hatchling comes from the current environment, so no network is needed.
-        session.run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(dist), str(ROOT / "packages" / package))
-    for package, op in WHEEL_CHECKS:
-        _check_wheel(session, dist, package, op)
+    core = rc.project("vmi-core")["version"]
+    try:
+        for package in PACKAGES:
+            rc.build(package, dist, sdist=False)
+        for package in [p for p, op in rc.SMOKE_OPS.items() if op]:
+            wheel = next(dist.glob(f"{package.replace('-', '_')}-*.whl"))
+            rc.check_installed_wheel(wheel, dist, core, package, ROOT / ".nox" / "wheel-check")
+    except rc.CheckFailed as error:
+        session.error(str(error))
 
 
-def _check_wheel(session: nox.Session, dist: Path, package: str, op: str) -> None:
-    venv = ROOT / ".nox" / "wheel-check"
-    if venv.exists():
-        shutil.rmtree(venv)
-    session.run(sys.executable, "-m", "venv", str(venv))
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    # torch first, pinned, so vmi-core's torch>=2.10 does not pull a CUDA build.
-    session.run(*pip, "install", TORCH_PIN)
-    # vmi-core must come from dist/ (it is not on the index); tilelang comes from PyPI.
-    session.run(*pip, "install", "--find-links", str(dist), package)
-    listed = session.run(*pip[:-1], "list", "--format=freeze", silent=True) or ""
-    vmi = sorted(line.split("==")[0] for line in listed.splitlines() if line.startswith("vmi-"))
-    if vmi != sorted(["vmi-core", package]):
-        session.error(f"installing {package} should pull only vmi-core, got {vmi}")
-    shown = session.run(*pip[:-1], "show", "vmi-core", silent=True)
-    if not shown or "Version: 0.1.0" not in shown:
-        session.error(f"vmi-core 0.1.0 was not installed from {dist}:\n{shown}")
-    session.run(str(venv / "bin" / "vmi"), "run", op)
+@nox.session(venv_backend="none")
+def release(session: nox.Session) -> None:
+    """The release workflow's checks of one package, without publishing (-- vmi-moe [--tag vmi-moe-v0.1.0])."""
+    if not session.posargs:
+        session.error("name the package: nox -s release -- vmi-moe [--tag vmi-moe-v0.1.0]")
+    session.run(sys.executable, str(ROOT / "scripts" / "release_check.py"), *session.posargs)

@@ -10,7 +10,6 @@ a time, and check that every schedule reports each break as an error or as wrong
 
 import pytest
 import torch
-from sim_kernels import COLUMNS, row_scale, row_scale_artifact, row_scale_reference
 
 from vmi_core.ascend_sim import (
     UB_BYTES_WITH_SIMT,
@@ -23,6 +22,7 @@ from vmi_core.ascend_sim import (
 from vmi_core.compile import cache_dir
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_core.tl.shell import DEFAULT_WORKERS
+from vmi_devkit.sim_kernels import COLUMNS, row_scale, row_scale_artifact, row_scale_reference
 
 BLOCK_M = 16
 CORES = DEFAULT_WORKERS["ascend"]
@@ -59,7 +59,7 @@ def test_launch_shape_and_signature():
 
 
 def _sim_kernel(source: str, ub_bytes: int | None = None) -> SimKernel:
-    from sim_kernels import build_row_scale
+    from vmi_devkit.sim_kernels import build_row_scale
 
     artifact = row_scale_artifact(BLOCK_M)
     cores, ub = launch_shape(artifact.device_mod)

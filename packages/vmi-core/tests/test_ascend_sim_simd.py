@@ -16,7 +16,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from sim_kernels import (
+
+from vmi_core.ascend_sim import AscendSimError, SimKernel, last_launch_stats, launch_shape
+from vmi_core.compile import cache_dir, lower_artifact
+from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tl.shell import SIMT_THREADS
+from vmi_devkit.sim_kernels import (
     COMPARES,
     COUNTED_CORES,
     COUNTED_ROWS,
@@ -47,11 +52,6 @@ from sim_kernels import (
     run_memory,
     token_cast,
 )
-
-from vmi_core.ascend_sim import AscendSimError, SimKernel, last_launch_stats, launch_shape
-from vmi_core.compile import cache_dir, lower_artifact
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
-from vmi_core.tl.shell import SIMT_THREADS
 
 BLOCK_M = 16
 NAN32 = 0x7FFFFFFF  # the NaN the vector unit writes
@@ -621,8 +621,9 @@ def test_fast_math_division_is_the_division_unit():
     """With tl.enable_fast_math TileLang emits the bare instruction: flushed operands and result,
     correctly rounded (the wrapper's residual test no longer applies)."""
     import tilelang
-    from sim_kernels import build_family
     from tilelang.ascend.target import _make_ascend_target
+
+    from vmi_devkit.sim_kernels import build_family
 
     func = build_family("float", "ascend")
     with _make_ascend_target(), tilelang.transform.PassContext(config={"tl.enable_fast_math": True}):

@@ -112,7 +112,7 @@ class TestCache:
         assert vc.cache_dir() == Path.home() / ".cache" / "vmi" / vc.cache_key()
 
     def test_session_cache_is_set(self):
-        """The root conftest points the test session's cache away from ``~``."""
+        """vmi-devkit's pytest plugin points the test session's cache away from ``~``."""
         import os
 
         assert os.environ.get(vc.CACHE_DIR_ENV)
@@ -374,7 +374,7 @@ class TestCacheTrust:
 
 _COMPILE_AND_RUN = """
 import hashlib, sys, torch
-from sim_kernels import row_scale
+from vmi_devkit.sim_kernels import row_scale
 x = torch.randn(300, 64, generator=torch.Generator().manual_seed(1))
 y = row_scale(x, 16, "cpu")
 print(hashlib.sha256(y.numpy().tobytes()).hexdigest())

@@ -49,11 +49,12 @@ class TestResolveTarget:
         monkeypatch.setenv(TARGET_ENV, "")
         assert resolve_target(CPU_TENSOR) == "cpu"
 
-    @pytest.mark.parametrize("target,device", [("cuda", "'cuda'"), ("ascend", "'npu'")])
-    def test_device_mismatch_names_target(self, target, device):
-        message = f"target '{target}' runs on {device} tensors, but the input is on 'cpu'"
+    # ``name``, not ``target``: a ``target`` parameter says where a test runs kernels (vmi-devkit's plugin).
+    @pytest.mark.parametrize("name,device", [("cuda", "'cuda'"), ("ascend", "'npu'")])
+    def test_device_mismatch_names_target(self, name, device):
+        message = f"target '{name}' runs on {device} tensors, but the input is on 'cpu'"
         with pytest.raises(ValueError, match=message):
-            resolve_target(CPU_TENSOR, target)
+            resolve_target(CPU_TENSOR, name)
 
     def test_env_mismatch_names_target(self, monkeypatch):
         monkeypatch.setenv(TARGET_ENV, "ascend")
@@ -94,16 +95,16 @@ class TestResolveFlavor:
         assert resolve_flavor("cpu", "cuda") is CUDA
         assert resolve_flavor("cpu", CUDA) is CUDA
 
-    @pytest.mark.parametrize("target,own", [("ascend", ASCEND), ("cuda", CUDA)])
-    def test_device_targets_use_their_own(self, target, own, monkeypatch):
-        assert resolve_flavor(target) is own
-        assert resolve_flavor(target, own.name) is own
-        assert resolve_flavor(target, own) is own
+    @pytest.mark.parametrize("name,own", [("ascend", ASCEND), ("cuda", CUDA)])
+    def test_device_targets_use_their_own(self, name, own, monkeypatch):
+        assert resolve_flavor(name) is own
+        assert resolve_flavor(name, own.name) is own
+        assert resolve_flavor(name, own) is own
         other = CUDA if own is ASCEND else ASCEND
         monkeypatch.setenv(FLAVOR_ENV, other.name)
-        assert resolve_flavor(target) is own  # the environment only applies to cpu/torch
-        with pytest.raises(ValueError, match=f"flavor '{other.name}' is not available on target '{target}'"):
-            resolve_flavor(target, other.name)
+        assert resolve_flavor(name) is own  # the environment only applies to cpu/torch
+        with pytest.raises(ValueError, match=f"flavor '{other.name}' is not available on target '{name}'"):
+            resolve_flavor(name, other.name)
 
     def test_bad_env_flavor(self, monkeypatch):
         monkeypatch.setenv(FLAVOR_ENV, "rocm")

@@ -11,8 +11,8 @@ import importlib
 
 import pytest
 import torch
-from moe_cases import GateCase, gate_inputs, physical_map, run_kernel
 
+from vmi_devkit.cases.moe_cases import GateCase, gate_inputs, physical_map, run_kernel
 from vmi_moe import (
     moe_topk_gate,
     moe_topk_gate_forward,

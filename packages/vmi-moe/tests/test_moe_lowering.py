@@ -14,7 +14,6 @@ explicit arch, where nvcc is installed. A covering set runs by default; the swee
 import itertools
 
 import pytest
-from moe_cases import GateCase, gate_spec
 
 from vmi_core.source_checks import (
     assert_vector_regions,
@@ -23,6 +22,7 @@ from vmi_core.source_checks import (
     nvcc_compile,
     nvcc_path,
 )
+from vmi_devkit.cases.moe_cases import GateCase, gate_spec
 from vmi_moe.moe_topk_gate_parallel import GateSpec, moe_topk_gate_source
 from vmi_moe.normalize_weight_parallel import NormalizeWeightSpec, normalize_weight_source
 from vmi_moe.topk_gate_parallel import TopkGateSpec, topk_gate_source

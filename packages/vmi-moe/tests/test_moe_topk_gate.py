@@ -36,7 +36,10 @@ import itertools
 
 import pytest
 import torch
-from moe_cases import (
+
+from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
+from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_devkit.cases.moe_cases import (
     FLAVORS,
     G0,
     SCALE,
@@ -57,9 +60,6 @@ from moe_cases import (
     token_counts,
     with_ties,
 )
-
-from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_moe import moe_topk_gate, moe_topk_gate_forward, moe_topk_gate_forward_parallel, normalize_weight
 
 ALL = dict(mask=True, bias=True, image=True, fixed=True, force=True)

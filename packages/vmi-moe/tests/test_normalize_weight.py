@@ -18,10 +18,10 @@ pipe schedule cycling over ``SIM_SCHEDULES`` from one row count to the next.
 
 import pytest
 import torch
-from moe_cases import FLAVORS, counts_on, flavor_targets
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_devkit.cases.moe_cases import FLAVORS, counts_on, flavor_targets
 from vmi_moe import normalize_weight, normalize_weight_parallel
 from vmi_moe.normalize_weight_parallel import BLOCK_M
 from vmi_moe.reference import normalize_weight as reference_normalize

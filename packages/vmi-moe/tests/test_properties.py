@@ -8,7 +8,7 @@ Criteria are the existing tests' (nothing looser):
   indices, weights, ``unmapped_topk_idx`` and scores bit for bit; the scores within
   ``moe_cases.assert_scores_accurate``'s ulp bound; the reference-free token classes;
 * ``moe_topk_gate_backward``: the spec's rtol/atol and the element-wise rounding bound of
-  ``test_moe_topk_gate_backward.assert_matches_reference``, +0.0 rows for unrouted tokens.
+  ``moe_backward_cases.assert_matches_reference``, +0.0 rows for unrouted tokens.
 
 Drawn: token counts (0, 1, both sides of work tiles), gate options, data with ties and special
 finite values (signed zeros, subnormals, huge magnitudes); mostly finite. A non-finite score
@@ -17,7 +17,7 @@ asserted when drawn (one example in eight); the backward gets the forward's fini
 
 Each property runs with the profile's budget over a few kernels in the normal run and under
 ``@pytest.mark.slow`` with at least ``SLOW_EXAMPLES`` examples over more specialisations.
-Profiles and replaying failures: ``vmi_core.testing_strategies``.
+Profiles and replaying failures: ``vmi_devkit.strategies``.
 """
 
 from __future__ import annotations
@@ -26,14 +26,21 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from moe_cases import GateCase, assert_scores_accurate, assert_token_classes, gate_inputs, run_kernel, run_reference
-from moe_cases import with_ties as tie_rows
-from test_moe_topk_gate_backward import CASES as BACKWARD_CASES
-from test_moe_topk_gate_backward import FULL_CASES as BACKWARD_FULL_CASES
-from test_moe_topk_gate_backward import assert_matches_reference, assert_positive_zero_rows, gate_data, run
 
 from vmi_core.testing import assert_bitwise_equal
-from vmi_core.testing_strategies import load_profile, seeds, slow_settings
+from vmi_devkit.cases.moe_backward_cases import CASES as BACKWARD_CASES
+from vmi_devkit.cases.moe_backward_cases import FULL_CASES as BACKWARD_FULL_CASES
+from vmi_devkit.cases.moe_backward_cases import assert_matches_reference, assert_positive_zero_rows, gate_data, run
+from vmi_devkit.cases.moe_cases import (
+    GateCase,
+    assert_scores_accurate,
+    assert_token_classes,
+    gate_inputs,
+    run_kernel,
+    run_reference,
+)
+from vmi_devkit.cases.moe_cases import with_ties as tie_rows
+from vmi_devkit.strategies import load_profile, seeds, slow_settings
 from vmi_moe import normalize_weight, topk_gate
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import stable_topk

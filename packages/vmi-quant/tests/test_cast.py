@@ -13,7 +13,6 @@ import importlib
 
 import pytest
 import torch
-from cast_cases import CAST_PAIRS, DTYPES, SR_PAIRS
 
 from vmi_core.formats import f32_from_bits
 from vmi_core.stochastic import random16, stochastic_round
@@ -26,6 +25,7 @@ from vmi_core.testing import (
     sim_schedule,
     with_extremes,
 )
+from vmi_devkit.cases.cast_cases import CAST_PAIRS, DTYPES, SR_PAIRS
 from vmi_quant.cast import cast
 from vmi_quant.cast_parallel import BLOCK, CastSpec, cast_parallel, quad_base
 from vmi_quant.reference.elementwise import cast as reference_cast

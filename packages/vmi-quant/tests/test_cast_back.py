@@ -14,14 +14,6 @@ import importlib
 
 import pytest
 import torch
-from cast_cases import (
-    CAST_BACK_COVERING,
-    CAST_BACK_FULL,
-    SIM_CAST_BACK_COVERING,
-    SIM_CAST_BACK_FULL,
-    case_id,
-    sf_options,
-)
 
 from vmi_core.testing import (
     SIM_SCHEDULES,
@@ -32,6 +24,14 @@ from vmi_core.testing import (
     sim_schedule,
     with_extremes,
     with_zero_groups,
+)
+from vmi_devkit.cases.cast_cases import (
+    CAST_BACK_COVERING,
+    CAST_BACK_FULL,
+    SIM_CAST_BACK_COVERING,
+    SIM_CAST_BACK_FULL,
+    case_id,
+    sf_options,
 )
 from vmi_quant import per_token_cast, reference
 from vmi_quant.cast_back import cast_back, per_token_cast_back

@@ -11,9 +11,9 @@ for an explicit arch.
 from __future__ import annotations
 
 import pytest
-from cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, CAST_SPECS, case_id, cast_back_spec
 
 from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_devkit.cases.cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, CAST_SPECS, case_id, cast_back_spec
 from vmi_quant.cast_back_parallel import cast_back_source
 from vmi_quant.cast_parallel import CastSpec, cast_source
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pbc_cases import COVERING, DTYPES, FULL, SIM_COVERING, SIM_FULL, case_id, sf_options
 
 from vmi_core.testing import (
     SIM_SCHEDULES,
@@ -23,6 +22,7 @@ from vmi_core.testing import (
     with_extremes,
     with_zero_groups,
 )
+from vmi_devkit.cases.pbc_cases import COVERING, DTYPES, FULL, SIM_COVERING, SIM_FULL, case_id, sf_options
 from vmi_quant import reference
 from vmi_quant.per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
 from vmi_quant.per_block_cast_parallel import per_block_cast_parallel

@@ -9,11 +9,11 @@ CUDA: the source compiles with nvcc for an explicit arch.
 from __future__ import annotations
 
 import pytest
-from pbcl_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 
 from vmi_core.sf_layout import SFLayout
 from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
 from vmi_core.targets import get_flavor
+from vmi_devkit.cases.pbcl_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 from vmi_quant.per_block_cast_lossless import make_spec
 from vmi_quant.per_block_cast_lossless_parallel import per_block_cast_lossless_source
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ptc_cases import COVERING, DTYPES, FULL, SHAPES, SIM_COVERING, SIM_FULL, SIM_SHAPES, sf_options
 
 from vmi_core.formats import e2m1_decode, e2m1_unpack, e4m3_decode
 from vmi_core.testing import (
@@ -24,6 +23,7 @@ from vmi_core.testing import (
     with_extremes,
     with_zero_groups,
 )
+from vmi_devkit.cases.ptc_cases import COVERING, DTYPES, FULL, SHAPES, SIM_COVERING, SIM_FULL, SIM_SHAPES, sf_options
 from vmi_quant import (
     per_token_cast,
     per_token_cast_parallel,

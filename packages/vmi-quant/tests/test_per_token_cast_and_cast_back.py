@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ptccb_cases import COVERING, DTYPES, FULL, SF_MODES, SIM_COVERING, SIM_FULL, hidden_unit
 
 from vmi_core.testing import (
     SIM_SCHEDULES,
@@ -23,6 +22,7 @@ from vmi_core.testing import (
     with_extremes,
     with_zero_groups,
 )
+from vmi_devkit.cases.ptccb_cases import COVERING, DTYPES, FULL, SF_MODES, SIM_COVERING, SIM_FULL, hidden_unit
 from vmi_quant import reference
 from vmi_quant.per_token_cast_and_cast_back import per_token_cast_and_cast_back
 from vmi_quant.per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_parallel

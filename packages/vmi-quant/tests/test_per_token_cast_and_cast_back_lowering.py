@@ -8,9 +8,9 @@ DMA. CUDA: the source compiles with nvcc for an explicit arch.
 from __future__ import annotations
 
 import pytest
-from ptccb_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES
 
 from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_devkit.cases.ptccb_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES
 from vmi_quant.per_token_cast_and_cast_back import make_spec
 from vmi_quant.per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_source
 

@@ -10,11 +10,11 @@ compiles with nvcc for an explicit arch.
 from __future__ import annotations
 
 import pytest
-from ptc_cases import COVERING, FULL, SF_MODES
 
 from vmi_core.sf_layout import SFLayout
 from vmi_core.source_checks import assert_vector_regions, cpu_vectorized_loops, dma_counts, nvcc_compile, nvcc_path
 from vmi_core.targets import get_flavor
+from vmi_devkit.cases.ptc_cases import COVERING, FULL, SF_MODES
 from vmi_quant.per_token_cast import make_spec
 from vmi_quant.per_token_cast_parallel import QuantInput, per_token_cast_source
 

@@ -12,23 +12,19 @@ largest finite values, E4M3/E2M1/bf16 rounding ties). NaN and inf follow the ref
 Each property runs twice: in the normal run with the profile's small budget over a few option
 combinations (each combination is one compiled kernel), and under ``@pytest.mark.slow`` with at
 least ``SLOW_EXAMPLES`` examples over every option combination of the case tables. Profiles and
-how to replay a failure: ``vmi_core.testing_strategies``.
+how to replay a failure: ``vmi_devkit.strategies``.
 """
 
 from __future__ import annotations
 
-import cast_cases
-import pbc_cases
-import pbcl_cases
-import ptc_cases
-import ptccb_cases
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from vmi_core.testing import assert_bitwise_equal
-from vmi_core.testing_strategies import Guarded, float_matrix, load_profile, slow_settings, with_row_padding
+from vmi_devkit.cases import cast_cases, pbc_cases, pbcl_cases, ptc_cases, ptccb_cases
+from vmi_devkit.strategies import Guarded, float_matrix, load_profile, slow_settings, with_row_padding
 from vmi_quant import (
     cast,
     cast_back,

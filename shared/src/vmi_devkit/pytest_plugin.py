@@ -1,33 +1,75 @@
-"""Session-wide test setup for the whole monorepo.
+"""vmi's pytest plugin: loaded by every pytest run of the development environment (vmi-devkit's
+``pytest11`` entry point), whichever package's tests it collects.
 
-Compiled kernels go to ``<repo>/.cache/vmi`` (gitignored) unless ``$VMI_CACHE_DIR``
-names another cache, so test runs never write under ``~`` and later runs reuse
-the binaries. Set here, at import time, so every pytest-xdist worker sees it
-before the first kernel is compiled.
+Cache: compiled kernels go to ``<rootdir>/.cache/vmi`` (gitignored) unless ``$VMI_CACHE_DIR``
+names another cache, so test runs never write under ``~`` and later runs reuse the binaries. Set
+in ``pytest_configure``, before any test module is imported, in the controller and in every
+pytest-xdist worker.
 
-``--slow-share F --slow-seed S`` keeps a seeded share ``F`` of the slow sweeps:
-CI runs a different share each time (it prints the seed), ``nox -s slow`` runs
-them all, and any CI selection replays from its seed. The choice hashes each
-test's node id with the seed, so every xdist worker selects the same tests.
+Targets: a test parametrized over ``target`` runs its kernel there (``None``: on the inputs'
+device, the CPU in these tests; the pseudo-target ``torch``, the reference, runs anywhere and is
+always kept). ``--target T`` (repeatable: ``--target cpu --target ascend-sim``) keeps the tests
+on those targets and deselects the others; without it, the targets this machine runs are kept:
+``cpu`` and ``ascend-sim`` always, ``cuda`` with a CUDA GPU, ``ascend`` with an NPU. A target asked
+for that this machine cannot run is skipped, with the reason.
+
+Slow share: ``--slow-share F --slow-seed S`` keeps a seeded share ``F`` of the slow sweeps: CI
+runs a different share each time (it prints the seed), ``nox -s slow`` runs them all, and any CI
+selection replays from its seed. The choice hashes each test's node id with the seed, so every
+xdist worker selects the same tests.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 import pytest
 
-if not os.environ.get("VMI_CACHE_DIR"):
-    os.environ["VMI_CACHE_DIR"] = str(Path(__file__).resolve().parent / ".cache" / "vmi")
+MARKERS = (
+    "slow: exhaustive sweeps, run in CI's separate bounded step",
+    "cuda_compile: compiles generated CUDA source with nvcc",
+    "properties: hypothesis property tests (default budget in the normal run; the slow twins run under "
+    "nox -s slow, CI's share leaves them out)",
+)
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("vmi")
+    group.addoption("--target", action="append", dest="vmi_targets", metavar="TARGET",
+                    help="run the target-parametrized tests only on TARGET (repeatable; ascend, cuda, cpu, "
+                         "ascend-sim); default: every target this machine runs")
     group.addoption("--slow-share", type=float, default=1.0,
                     help="fraction of the slow tests to run, chosen by --slow-seed (default: all)")
     group.addoption("--slow-seed", type=int, default=0, help="seed of the --slow-share selection")
+
+
+def runnable_targets() -> tuple[str, ...]:
+    """The targets whose kernels run on this machine."""
+    import torch
+
+    found = ["cpu", "ascend-sim"]
+    if torch.cuda.is_available():
+        found.append("cuda")
+    if hasattr(torch, "npu") and torch.npu.is_available():
+        found.append("ascend")
+    return tuple(found)
+
+
+def pytest_configure(config):
+    if not os.environ.get("VMI_CACHE_DIR"):
+        os.environ["VMI_CACHE_DIR"] = str(config.rootpath / ".cache" / "vmi")
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+    from vmi_core.targets import TARGETS
+
+    asked = config.getoption("vmi_targets")
+    unknown = sorted(set(asked or ()) - set(TARGETS))
+    if unknown:
+        raise pytest.UsageError(f"--target: unknown target(s) {', '.join(unknown)}; choose from {', '.join(TARGETS)}")
+    share = config.getoption("--slow-share")
+    if not 0.0 < share <= 1.0:
+        raise pytest.UsageError(f"--slow-share must be in (0, 1], got {share}")
 
 
 def _in_share(nodeid: str, seed: int, share: float) -> bool:
@@ -35,16 +77,29 @@ def _in_share(nodeid: str, seed: int, share: float) -> bool:
     return int.from_bytes(digest[:8], "big") < share * 2**64
 
 
+def _target_of(item) -> str | None:
+    """The target an item's kernel runs on, or None when it is not parametrized over one."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "target" not in params:
+        return None
+    target = params["target"]
+    return "cpu" if target is None else target
+
+
 def pytest_collection_modifyitems(config, items):
+    runnable = runnable_targets()
+    selected = tuple(config.getoption("vmi_targets") or runnable)
     share = config.getoption("--slow-share")
-    if not 0.0 < share <= 1.0:
-        raise pytest.UsageError(f"--slow-share must be in (0, 1], got {share}")
-    if share == 1.0:
-        return
     seed = config.getoption("--slow-seed")
     kept, dropped = [], []
     for item in items:
-        keep = item.get_closest_marker("slow") is None or _in_share(item.nodeid, seed, share)
+        target = _target_of(item)
+        keep = target is None or target == "torch" or target in selected
+        if keep and share < 1.0 and item.get_closest_marker("slow") is not None:
+            keep = _in_share(item.nodeid, seed, share)
+        if keep and target is not None and target != "torch" and target not in runnable:
+            item.add_marker(pytest.mark.skip(reason=f"target {target!r} does not run on this machine "
+                                                    f"(it runs {', '.join(runnable)})"))
         (kept if keep else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -52,9 +107,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_report_header(config):
+    lines = []
+    asked = config.getoption("vmi_targets")
+    lines.append(f"vmi targets: {', '.join(asked) if asked else ', '.join(runnable_targets()) + ' (this machine)'}")
     share = config.getoption("--slow-share")
     if share < 1.0:
         seed = config.getoption("--slow-seed")
-        return (f"slow sweeps: a share of {share:g}, seed {seed} "
-                f"(replay: pytest -m slow --slow-share {share:g} --slow-seed {seed})")
-    return None
+        lines.append(f"slow sweeps: a share of {share:g}, seed {seed} "
+                     f"(replay: pytest -m slow --slow-share {share:g} --slow-seed {seed})")
+    return lines

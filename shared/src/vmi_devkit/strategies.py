@@ -1,7 +1,6 @@
 """Hypothesis profiles and building blocks shared by the packages' property tests.
 
-Imported only by test modules: ``hypothesis`` is a test dependency (``vmi-core[test]``), and
-``vmi_core`` never imports this module itself.
+Imported only by test modules; ``hypothesis`` is a dependency of vmi-devkit, not of any wheel.
 
 Profiles (registered and loaded by ``load_profile()``, which every property-test module calls):
 
@@ -31,8 +30,8 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from .formats import f32_from_bits
-from .testing import generator, randn_with_ties, with_zero_groups
+from vmi_core.formats import f32_from_bits
+from vmi_core.testing import generator, randn_with_ties, with_zero_groups
 
 PROFILE_ENV = "VMI_HYPOTHESIS_PROFILE"
 DEFAULT_EXAMPLES = 20

@@ -1,0 +1,38 @@
+"""vmi-devkit's pytest plugin as a user runs it: --target keeps the tests parametrized over the named
+targets, the default keeps every target this machine runs, an unknown target is a usage error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Parametrized over target ("cpu", "ascend-sim") and one test that is not.
+TESTS = "packages/vmi-moe/tests/test_moe_contracts.py"
+
+
+def collect(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", *args, TESTS],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def ids(result: subprocess.CompletedProcess) -> list[str]:
+    assert result.returncode == 0, result.stdout + result.stderr
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+def test_target_selects_and_the_default_is_every_runnable_target():
+    everything = ids(collect())
+    cpu = ids(collect("--target", "cpu"))
+    sim = ids(collect("--target", "ascend-sim"))
+    assert any("[cpu]" in i for i in cpu) and not any("[ascend-sim]" in i for i in cpu)
+    assert any("[ascend-sim]" in i for i in sim) and not any("[cpu]" in i for i in sim)
+    untargeted = [i for i in everything if "[" not in i]
+    assert untargeted and all(i in cpu and i in sim for i in untargeted)
+    assert sorted(everything) == sorted(set(cpu) | set(sim))
+
+
+def test_unknown_target_is_a_usage_error():
+    result = collect("--target", "rocm")
+    assert result.returncode == 4 and "unknown target(s) rocm" in result.stderr
