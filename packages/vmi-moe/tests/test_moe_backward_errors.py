@@ -59,7 +59,7 @@ META = torch.device("meta")
     ({"scores": S.view(2, 3, E)}, ValueError, "scores must have shape"),
     ({"scores": strided(S)}, ValueError, "scores must be contiguous"),
     ({"scores": torch.zeros(T, 0)}, ValueError, "at least one expert"),
-    ({"scores": S.to(META)}, ValueError, "device 'meta' are not supported"),
+    ({"scores": S.to(META)}, ValueError, "topk_idx must be on meta"),
     # topk_idx
     ({"topk_idx": IDX.int()}, TypeError, "topk_idx must be torch.int64"),
     ({"topk_idx": IDX.tolist()}, TypeError, "topk_idx must be a torch.Tensor"),

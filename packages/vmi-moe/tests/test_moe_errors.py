@@ -61,7 +61,6 @@ W = torch.rand(4, 6)
     (lambda: topk_gate(S, 2, target="cuda"), ValueError, "target 'cuda'"),
     (lambda: topk_gate(S, 2, target="tpu"), ValueError, "target must be one of"),
     (lambda: topk_gate(S, 2, flavor="rocm"), ValueError, "flavor must be one of"),
-    (lambda: topk_gate(torch.zeros(4, 16, device=META), 2), ValueError, "not supported"),
     (lambda: topk_gate_parallel(S, 2, target="torch"), ValueError, "always runs the kernel"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_topk_gate_bad_arguments(call, error, match):
@@ -81,7 +80,6 @@ def test_topk_gate_bad_arguments(call, error, match):
     (lambda: normalize_weight(torch.rand(4, 0)), ValueError, "topk_weights must have 1 to 32 columns"),
     (lambda: normalize_weight(W, target="ascend"), ValueError, "target 'ascend'"),
     (lambda: normalize_weight(W, flavor="rocm"), ValueError, "flavor must be one of"),
-    (lambda: normalize_weight(torch.rand(4, 6, device=META)), ValueError, "not supported"),
     (lambda: normalize_weight_parallel(W, target="torch"), ValueError, "always runs the kernel"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_normalize_weight_bad_arguments(call, error, match):
@@ -121,7 +119,6 @@ OUT = (torch.zeros(T_, K_, dtype=torch.int64), torch.zeros(T_, K_))
     (lambda: gate(logits=LOGITS[0]), ValueError, "logits must have shape"),
     (lambda: gate(logits=LOGITS.t()), ValueError, "logits must be contiguous"),
     (lambda: gate(logits=torch.zeros(T_, 0)), ValueError, "logits must have at least one expert"),
-    (lambda: gate(logits=torch.zeros(T_, E_, device=META)), ValueError, "not supported"),
     (lambda: gate(k=E_ + 1), ValueError, r"num_topk \(17\) must not exceed the number of experts \(16\)"),
     (lambda: gate(logits=torch.zeros(T_, 64), k=33), ValueError, "num_topk must be in"),
     (lambda: gate(k=0), ValueError, "num_topk must be in"),
@@ -204,9 +201,9 @@ OUT = (torch.zeros(T_, K_, dtype=torch.int64), torch.zeros(T_, K_))
      "logical_count must be contiguous"),
     (lambda: gate(to_physical_map=MAP, logical_count=COUNT), ValueError, "to_physical_map must have shape"),
     # outputs
-    (lambda: gate(out=OUT[0]), TypeError, r"out must be a tuple \(topk_idx, topk_weights\)"),
-    (lambda: gate(out=(OUT[0],)), TypeError, r"out must be a tuple \(topk_idx, topk_weights\)"),
-    (lambda: gate(out=(*OUT, OUT[0])), TypeError, r"out must be a tuple \(topk_idx, topk_weights\)"),
+    (lambda: gate(out=OUT[0]), TypeError, r"out must be a \(topk_idx, topk_weights\) tuple"),
+    (lambda: gate(out=(OUT[0],)), TypeError, r"out must be a \(topk_idx, topk_weights\) tuple"),
+    (lambda: gate(out=(*OUT, OUT[0])), TypeError, r"out must be a \(topk_idx, topk_weights\) tuple"),
     (lambda: gate(out=(OUT[0].int(), OUT[1])), TypeError, r"out\[0\] \(topk_idx\) must be torch.int64"),
     (lambda: gate(out=(OUT[0], OUT[1].double())), TypeError, r"out\[1\] \(topk_weights\) must be torch.float32"),
     (lambda: gate(out=(OUT[0][:, :3], OUT[1])), ValueError, r"out\[0\] \(topk_idx\) must have shape"),

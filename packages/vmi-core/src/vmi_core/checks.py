@@ -142,9 +142,16 @@ def _bytes_of(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     return addresses[(addresses >= lo) & (addresses < hi)]
 
 
+def is_traced(t: torch.Tensor) -> bool:
+    """Whether ``t`` has no real memory (a fake or meta tensor, as ``torch.compile`` traces with)."""
+    return t.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(t)
+
+
 def tensors_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` share any byte of memory (exact for views of moderate size)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+    """Whether ``a`` and ``b`` share any byte of memory (exact for views of moderate size).
+
+    Traced tensors have no addresses: the check happens when the op really runs."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or is_traced(a) or is_traced(b):
         return False
     (a_lo, a_hi), (b_lo, b_hi) = _byte_range(a), _byte_range(b)
     lo, hi = max(a_lo, b_lo), min(a_hi, b_hi)

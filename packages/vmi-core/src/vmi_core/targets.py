@@ -89,13 +89,15 @@ def target_of_device(device: torch.device) -> str:
 def resolve_target(tensor: torch.Tensor, target: str | None = None) -> str:
     """The target an op runs on: the argument, else ``$VMI_TARGET``, else the device's.
 
-    A kernel target must match the tensor's device (``torch`` runs anywhere).
+    A kernel target must match the tensor's device (``torch`` runs anywhere; meta tensors,
+    which only reach shape functions, take any target and default to ``torch``).
     """
-    device_target = target_of_device(tensor.device)
+    # Meta tensors only ever reach an op's shape function, which takes any target's layouts.
+    device_target = "torch" if tensor.device.type == "meta" else target_of_device(tensor.device)
     chosen = target or os.environ.get(TARGET_ENV) or device_target
     if chosen not in TARGETS + PSEUDO_TARGETS:
         raise ValueError(f"target must be one of {TARGETS + PSEUDO_TARGETS}, got {chosen!r}")
-    if chosen in TARGETS and _TARGET_TO_DEVICE[chosen] != tensor.device.type:
+    if chosen in TARGETS and tensor.device.type != "meta" and _TARGET_TO_DEVICE[chosen] != tensor.device.type:
         raise ValueError(f"target {chosen!r} runs on {_TARGET_TO_DEVICE[chosen]!r} tensors, "
                          f"but the input is on {tensor.device.type!r}")
     return chosen
@@ -133,3 +135,9 @@ def lowering_target(target: str) -> str:
 def flavor_argument(target: str, flavor: str | None) -> str | None:
     """``flavor`` where ``target`` lets the caller choose (cpu, torch), else None: the target's own."""
     return None if target in _OWN_FLAVOR else flavor
+
+
+def require_kernel(op: str, tensor, target: str | None) -> None:
+    """``*_parallel`` entry points always run the kernel: refuse the reference pseudo-target."""
+    if isinstance(tensor, torch.Tensor) and resolve_target(tensor, target) == "torch":
+        raise ValueError(f"{op} always runs the kernel; target 'torch' is the reference")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from vmi_core.checks import INT32_MAX, check_bool, check_disjoint, check_float, check_int, check_tensor
+from vmi_core.library import KernelOp, Param
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import moe_topk_gate_parallel as parallel
@@ -122,7 +123,7 @@ def _prepare(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_
         raise ValueError("fix_routing_mask requires unmapped_topk_idx (the fixed experts)")
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise TypeError("out must be a tuple (topk_idx, topk_weights)")
+            raise TypeError("out must be a (topk_idx, topk_weights) tuple")
         check_tensor(out[0], "out[0] (topk_idx)", dtype=torch.int64, shape=(num_tokens, num_physical_topk),
                      device=device, contiguous=True)
         check_tensor(out[1], "out[1] (topk_weights)", dtype=torch.float32, shape=(num_tokens, num_physical_topk),
@@ -182,19 +183,37 @@ def _staged(call: GateCall) -> GateCall:
     return replace(call, **{name: getattr(call, name).clone() for name in call.caller_outputs})
 
 
-def run_moe_topk_gate(args: tuple, target, flavor, kernel_only=False):
-    target, call = _prepare(*args, target, flavor)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("moe_topk_gate_forward_parallel always runs the kernel; target 'torch' is the reference")
+def _run(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor, ep_rank, scoring_func,
+         mask, bias, image_bias, image_token_mask, fix_routing_mask, to_physical_map, logical_count,
+         unmapped_topk_idx, force_random, scores, *, out, target, flavor, launch):
+    target, call = _prepare(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
+                            ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
+                            to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores, target,
+                            flavor)
+    if launch and target == "torch":
         _run_reference(call)
-    elif call.logits.shape[0]:
+    elif launch and call.logits.shape[0]:
         staged = _staged(call)
         parallel.launch(staged, target)
         raise_status(staged.status, "moe_topk_gate_forward", "logits", "unmapped_topk_idx")
         for name in call.caller_outputs:
             getattr(call, name).copy_(getattr(staged, name))
     return call.topk_idx, call.topk_weights
+
+
+def _optional(name: str, mutable: bool = False) -> Param:
+    return Param(name, "Tensor", None, optional=True, mutable=mutable)
+
+
+MOE_TOPK_GATE_FORWARD = KernelOp(
+    "moe_topk_gate_forward",
+    (Param("logits", "Tensor"), Param("num_topk", "int"), Param("use_shared_as_routed", "bool"),
+     Param("num_shared_experts", "int"), Param("routed_scaling_factor", "float"), Param("ep_rank", "int"),
+     Param("scoring_func", "str", "sqrtsoftplus"), _optional("mask"), _optional("bias"), _optional("image_bias"),
+     _optional("image_token_mask"), _optional("fix_routing_mask"), _optional("to_physical_map"),
+     _optional("logical_count"), _optional("unmapped_topk_idx", mutable=True), _optional("force_random"),
+     _optional("scores", mutable=True)),
+    ("topk_idx", "topk_weights"), _run, outs=("out_topk_idx", "out_topk_weights"))
 
 
 def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_routed: bool, num_shared_experts: int,
@@ -229,10 +248,10 @@ def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_rou
     counts outside ``[1, Dup]`` raise ``ValueError`` after the kernel ran; ``out``,
     ``scores`` and ``unmapped_topk_idx`` are then left as they were.
     """
-    return run_moe_topk_gate((logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
-                              ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
-                              to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores),
-                             target, flavor)
+    return MOE_TOPK_GATE_FORWARD(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
+                                 ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
+                                 to_physical_map, logical_count, unmapped_topk_idx, force_random, scores, out=out,
+                                 target=target, flavor=flavor)
 
 
 def moe_topk_gate(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from vmi_core.checks import check_disjoint, check_float, check_tensor
+from vmi_core.library import KernelOp, Param
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import moe_topk_gate_backward_parallel as parallel
@@ -90,16 +91,15 @@ def _prepare(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_f
     return target, call
 
 
-def run_moe_topk_gate_backward(args: tuple, target, flavor, kernel_only=False):
-    target, call = _prepare(*args, target, flavor)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("moe_topk_gate_backward_parallel always runs the kernel; target 'torch' is the "
-                             "reference")
+def _run(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func, mask,
+         grad_scores_sum, *, out, target, flavor, launch):
+    target, call = _prepare(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor, scoring_func,
+                            mask, grad_scores_sum, out and out[0], target, flavor)
+    if launch and target == "torch":
         call.grad_logits.copy_(reference.moe_topk_gate_backward(
             call.scores, call.topk_idx, call.topk_weights, call.grad_topk_weights, call.routed_scaling_factor,
             mask=call.mask, grad_scores_sum=call.grad_scores_sum))
-    elif call.scores.shape[0]:
+    elif launch and call.scores.shape[0]:
         # A caller's out gets the gradient only once the kernel's flags are clear.
         staged = replace(call, grad_logits=torch.empty_like(call.grad_logits)) if call.out_given else call
         parallel.launch(staged, target)
@@ -107,6 +107,15 @@ def run_moe_topk_gate_backward(args: tuple, target, flavor, kernel_only=False):
         if staged is not call:
             call.grad_logits.copy_(staged.grad_logits)
     return call.grad_logits
+
+
+MOE_TOPK_GATE_BACKWARD = KernelOp(
+    "moe_topk_gate_backward",
+    (Param("scores", "Tensor"), Param("topk_idx", "Tensor"), Param("topk_weights", "Tensor"),
+     Param("grad_topk_weights", "Tensor"), Param("routed_scaling_factor", "float"),
+     Param("scoring_func", "str", "sqrtsoftplus"), Param("mask", "Tensor", None, optional=True),
+     Param("grad_scores_sum", "Tensor", None, optional=True)),
+    ("grad_logits",), _run, outs=("out",))
 
 
 def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
@@ -129,5 +138,6 @@ def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_we
     Everything is multiplied by ``d sqrt(softplus(x)) / dx`` computed from ``u``; padded
     tokens (ids -1, scores 0) get +0.0.
     """
-    return run_moe_topk_gate_backward((scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
-                                       scoring_func, mask, grad_scores_sum, out), target, flavor)
+    return MOE_TOPK_GATE_BACKWARD(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
+                                  scoring_func, mask, grad_scores_sum, out=None if out is None else (out,),
+                                  target=target, flavor=flavor)

@@ -32,7 +32,7 @@ import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
-from vmi_core.targets import get_flavor
+from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LaneVar, select
@@ -225,7 +225,8 @@ def moe_topk_gate_backward_parallel(scores, topk_idx, topk_weights, grad_topk_we
                                     target: str | None = None, flavor: str | None = None):
     """``moe_topk_gate_backward`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .moe_topk_gate_backward import run_moe_topk_gate_backward
+    from .moe_topk_gate_backward import moe_topk_gate_backward
 
-    return run_moe_topk_gate_backward((scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
-                                       scoring_func, mask, grad_scores_sum, out), target, flavor, kernel_only=True)
+    require_kernel("moe_topk_gate_backward_parallel", scores, target)
+    return moe_topk_gate_backward(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
+                                  scoring_func, mask, grad_scores_sum, out, target=target, flavor=flavor)

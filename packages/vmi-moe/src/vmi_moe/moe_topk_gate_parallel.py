@@ -37,7 +37,7 @@ import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
-from vmi_core.targets import get_flavor
+from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMT, Shell
@@ -400,9 +400,10 @@ def moe_topk_gate_forward_parallel(logits, num_topk, use_shared_as_routed, num_s
                                    scores=None, *, target: str | None = None, flavor: str | None = None):
     """``moe_topk_gate_forward`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .moe_topk_gate import run_moe_topk_gate
+    from .moe_topk_gate import moe_topk_gate_forward
 
-    return run_moe_topk_gate((logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
-                              ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
-                              to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores),
-                             target, flavor, kernel_only=True)
+    require_kernel("moe_topk_gate_forward_parallel", logits, target)
+    return moe_topk_gate_forward(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
+                                 ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
+                                 to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores,
+                                 target=target, flavor=flavor)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_tensor
+from vmi_core.library import KernelOp, Param
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import normalize_weight_parallel as parallel
@@ -31,26 +32,28 @@ class NormalizeWeightCall:
     normalized: torch.Tensor
 
 
-def run_normalize_weight(topk_weights, target, flavor, kernel_only=False):
-    if not isinstance(topk_weights, torch.Tensor):
-        raise TypeError(f"topk_weights must be a torch.Tensor, got {type(topk_weights).__name__}")
+def _run(topk_weights, *, out, target, flavor, launch):
     target = resolve_target(topk_weights, target)
     flavor = resolve_flavor(target, flavor)
     check_tensor(topk_weights, "topk_weights", dtype=torch.float32, shape=(None, None), contiguous=True)
     num_rows, num_topk = topk_weights.shape
     if not 1 <= num_topk <= MAX_TOPK:
         raise ValueError(f"topk_weights must have 1 to {MAX_TOPK} columns, got {num_topk}")
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("normalize_weight_parallel always runs the kernel; target 'torch' is the reference")
-        return reference.normalize_weight(topk_weights, flavor.name)
     denominator = torch.empty(num_rows, dtype=torch.float32, device=topk_weights.device)
     normalized = torch.empty_like(topk_weights)
-    if num_rows:
+    if launch and target == "torch":
+        expected_denominator, expected = reference.normalize_weight(topk_weights, flavor.name)
+        denominator.copy_(expected_denominator)
+        normalized.copy_(expected)
+    elif launch and num_rows:
         call = NormalizeWeightCall(parallel.NormalizeWeightSpec(num_topk, flavor.name), topk_weights, denominator,
                                    normalized)
         parallel.launch(call, target)
     return denominator, normalized
+
+
+NORMALIZE_WEIGHT = KernelOp("normalize_weight", (Param("topk_weights", "Tensor"),), ("denominator", "normalized"),
+                            _run)
 
 
 def normalize_weight(topk_weights: torch.Tensor, *, target: str | None = None,
@@ -61,4 +64,4 @@ def normalize_weight(topk_weights: torch.Tensor, *, target: str | None = None,
     right (ascend flavor) or in the 32-lane xor-butterfly order (cuda flavor);
     ``normalized = w / denominator``, correctly rounded. Negative weights are allowed.
     """
-    return run_normalize_weight(topk_weights, target, flavor)
+    return NORMALIZE_WEIGHT(topk_weights, target=target, flavor=flavor)

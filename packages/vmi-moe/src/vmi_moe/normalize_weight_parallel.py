@@ -21,7 +21,7 @@ import tilelang.language as T
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
-from vmi_core.targets import get_flavor
+from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import keep
@@ -102,6 +102,7 @@ def launch(call, target: str) -> None:
 def normalize_weight_parallel(topk_weights, *, target: str | None = None, flavor: str | None = None):
     """``normalize_weight`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .normalize_weight import run_normalize_weight
+    from .normalize_weight import normalize_weight
 
-    return run_normalize_weight(topk_weights, target, flavor, kernel_only=True)
+    require_kernel("normalize_weight_parallel", topk_weights, target)
+    return normalize_weight(topk_weights, target=target, flavor=flavor)

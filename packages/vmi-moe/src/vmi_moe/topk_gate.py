@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_tensor
+from vmi_core.library import KernelOp, Param
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import topk_gate_parallel as parallel
@@ -30,9 +31,7 @@ class TopkGateCall:
     status: torch.Tensor
 
 
-def run_topk_gate(scores, num_topk, target, flavor, kernel_only=False):
-    if not isinstance(scores, torch.Tensor):
-        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+def _run(scores, num_topk, *, out, target, flavor, launch):
     target = resolve_target(scores, target)
     # No bit of topk_gate depends on the flavor; the argument is still checked like every op's.
     resolve_flavor(target, flavor)
@@ -41,17 +40,18 @@ def run_topk_gate(scores, num_topk, target, flavor, kernel_only=False):
     if num_experts == 0:
         raise ValueError("scores must have at least one expert column")
     num_topk = check_topk(num_topk, num_experts)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("topk_gate_parallel always runs the kernel; target 'torch' is the reference")
-        return reference.topk_gate(scores, num_topk)
     topk_idx = torch.empty(num_tokens, num_topk, dtype=torch.int64, device=scores.device)
-    if num_tokens == 0:
+    if not launch or num_tokens == 0:
         return topk_idx
+    if target == "torch":
+        return topk_idx.copy_(reference.topk_gate(scores, num_topk))
     call = TopkGateCall(parallel.TopkGateSpec(num_experts, num_topk), scores, topk_idx, new_status(scores.device))
     parallel.launch(call, target)
     raise_status(call.status, "topk_gate", "scores")
     return topk_idx
+
+
+TOPK_GATE = KernelOp("topk_gate", (Param("scores", "Tensor"), Param("num_topk", "int")), ("topk_idx",), _run)
 
 
 def topk_gate(scores: torch.Tensor, num_topk: int, *, target: str | None = None,
@@ -63,4 +63,4 @@ def topk_gate(scores: torch.Tensor, num_topk: int, *, target: str | None = None,
     finite: NaN and +-inf (-inf too; exclude an expert with a very negative finite
     score) raise ``ValueError`` after the kernel ran.
     """
-    return run_topk_gate(scores, num_topk, target, flavor)
+    return TOPK_GATE(scores, num_topk, target=target, flavor=flavor)

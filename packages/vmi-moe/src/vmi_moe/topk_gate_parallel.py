@@ -21,6 +21,7 @@ import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
+from vmi_core.targets import require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, cast
@@ -127,6 +128,7 @@ def launch(call, target: str) -> None:
 def topk_gate_parallel(scores, num_topk, *, target: str | None = None, flavor: str | None = None):
     """``topk_gate`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .topk_gate import run_topk_gate
+    from .topk_gate import topk_gate
 
-    return run_topk_gate(scores, num_topk, target, flavor, kernel_only=True)
+    require_kernel("topk_gate_parallel", scores, target)
+    return topk_gate(scores, num_topk, target=target, flavor=flavor)

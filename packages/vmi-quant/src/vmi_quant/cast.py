@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.library import KernelOp, Param
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import cast_parallel as parallel
@@ -58,14 +59,17 @@ def _prepare(x, dtype, stochastic_rounding, target, flavor):
     return target, CastCall(spec, x, torch.empty_like(x, dtype=dtype))
 
 
-def run_cast(x, dtype, stochastic_rounding=False, target=None, flavor=None, kernel_only=False):
+def _run(x, dtype, stochastic_rounding, *, out, target, flavor, launch):
     target, call = _prepare(x, dtype, stochastic_rounding, target, flavor)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("cast_parallel always runs the kernel; target 'torch' is the reference")
-        return reference.cast(x, dtype, stochastic_rounding)
-    parallel.launch(call, target)
+    if launch and target == "torch":
+        call.out.copy_(reference.cast(x, dtype, stochastic_rounding))
+    elif launch:
+        parallel.launch(call, target)
     return call.out
+
+
+CAST = KernelOp("cast", (Param("x", "Tensor"), Param("dtype", "ScalarType"),
+                         Param("stochastic_rounding", "bool", False)), ("out",), _run)
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False, *, target: str | None = None,
@@ -77,4 +81,4 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False,
     == 0``) rounds with vmi-core's hash-based rule, the counter of each quad of four
     elements being its index in the flattened tensor: same input, same bits.
     """
-    return run_cast(x, dtype, stochastic_rounding, target, flavor)
+    return CAST(x, dtype, stochastic_rounding, target=target, flavor=flavor)

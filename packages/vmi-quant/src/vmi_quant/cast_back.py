@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import INT32_MAX, check_int
+from vmi_core.library import KernelOp, Param
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import cast_back_parallel as parallel
@@ -59,14 +60,27 @@ def _prepare(x, fmt, x_block_size, x_special_fmt, target, flavor):
     return target, flavor, CastBackCall(spec, inp.data, inp.sf, out)
 
 
-def run_cast_back(x, fmt, x_block_size, x_special_fmt=None, target=None, flavor=None, kernel_only=False):
+def _run(data, sf, fmt, x_block_size, x_special_fmt, *, out, target, flavor, launch):
+    x = (data, sf)
     target, flavor, call = _prepare(x, fmt, x_block_size, x_special_fmt, target, flavor)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("cast_back_parallel always runs the kernel; target 'torch' is the reference")
-        return call.out.copy_(reference.cast_back(x, fmt, x_block_size, flavor=flavor))
-    parallel.launch(call, target)
+    if launch and target == "torch":
+        call.out.copy_(reference.cast_back(x, fmt, x_block_size, flavor=flavor))
+    elif launch:
+        parallel.launch(call, target)
     return call.out
+
+
+CAST_BACK = KernelOp("cast_back", (Param("x_data", "Tensor"), Param("x_sf", "Tensor"), Param("fmt", "str"),
+                                   Param("x_block_size", "int[]"), Param("x_special_fmt", "str", None, optional=True)),
+                     ("out",), _run)
+
+
+def _split(x) -> tuple:
+    if not isinstance(x, tuple):
+        raise TypeError(f"x must be a quantized (data, sf) tuple, got {type(x).__name__}")
+    if len(x) != 2:
+        raise ValueError(f"x must be a quantized (data, sf) tuple, got a tuple of {len(x)}")
+    return x
 
 
 def cast_back(x, fmt: str, x_block_size, x_special_fmt=None, *, target: str | None = None,
@@ -77,11 +91,11 @@ def cast_back(x, fmt: str, x_block_size, x_special_fmt=None, *, target: str | No
     E4M3 or the flavor's packed UE8M0 words over ``x_block_size = (bm, bk)`` blocks,
     row- or column-major (row-major when ``bk == 1``; packed along tokens then).
     """
-    return run_cast_back(x, fmt, x_block_size, x_special_fmt, target, flavor)
+    return CAST_BACK(*_split(x), fmt, x_block_size, x_special_fmt, target=target, flavor=flavor)
 
 
 def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt=None, *, target: str | None = None,
                         flavor: str | None = None) -> torch.Tensor:
     """``cast_back(x, fmt, (1, num_per_channels), x_special_fmt)``."""
     check_num_per_channels(num_per_channels)
-    return run_cast_back(x, fmt, (1, num_per_channels), x_special_fmt, target, flavor)
+    return cast_back(x, fmt, (1, num_per_channels), x_special_fmt, target=target, flavor=flavor)

@@ -28,6 +28,7 @@ import torch
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
 from vmi_core.sf_layout import SFLayout
+from vmi_core.targets import require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.vector import decode
@@ -213,15 +214,16 @@ def cast_back_parallel(x, fmt: str, x_block_size, x_special_fmt=None, *, target:
                        flavor: str | None = None):
     """``cast_back`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .cast_back import run_cast_back
+    from .cast_back import cast_back
 
-    return run_cast_back(x, fmt, x_block_size, x_special_fmt, target, flavor, kernel_only=True)
+    require_kernel("cast_back_parallel", x[0] if isinstance(x, tuple) and x else x, target)
+    return cast_back(x, fmt, x_block_size, x_special_fmt, target=target, flavor=flavor)
 
 
 def per_token_cast_back_parallel(x, fmt: str, num_per_channels: int, x_special_fmt=None, *,
                                  target: str | None = None, flavor: str | None = None):
     """``per_token_cast_back`` that always runs the parallel kernel (same arguments)."""
-    from .cast_back import check_num_per_channels, run_cast_back
+    from .cast_back import per_token_cast_back
 
-    check_num_per_channels(num_per_channels)
-    return run_cast_back(x, fmt, (1, num_per_channels), x_special_fmt, target, flavor, kernel_only=True)
+    require_kernel("per_token_cast_back_parallel", x[0] if isinstance(x, tuple) and x else x, target)
+    return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt, target=target, flavor=flavor)

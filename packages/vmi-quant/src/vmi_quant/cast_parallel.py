@@ -27,6 +27,7 @@ import tilelang.language as T
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
+from vmi_core.targets import require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, Vec, bitcast
@@ -209,6 +210,7 @@ def launch(call, target: str) -> None:
 def cast_parallel(x, dtype, stochastic_rounding=False, *, target: str | None = None, flavor: str | None = None):
     """``cast`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .cast import run_cast
+    from .cast import cast
 
-    return run_cast(x, dtype, stochastic_rounding, target, flavor, kernel_only=True)
+    require_kernel("cast_parallel", x, target)
+    return cast(x, dtype, stochastic_rounding, target=target, flavor=flavor)

@@ -44,6 +44,20 @@ def physical_cols(fmt: str, logical: int) -> int:
     return logical // 2 if fmt == "e2m1" else logical
 
 
+def split_quantized(x) -> tuple:
+    """``(data, sf)`` of a pre-quantized ``x`` tuple, ``(x, None)`` of a plain tensor."""
+    if isinstance(x, (tuple, list)):
+        if len(x) != 2:
+            raise ValueError(f"x must be a torch.Tensor or a (data, sf) tuple, got a {type(x).__name__} of {len(x)}")
+        return tuple(x)
+    return x, None
+
+
+def join_quantized(data: torch.Tensor, sf: torch.Tensor | None):
+    """The input as the dispatch code decodes it: a ``(data, sf)`` tuple, or the plain tensor."""
+    return data if sf is None else (data, sf)
+
+
 def check_fmt(fmt) -> None:
     if not isinstance(fmt, str):
         raise TypeError(f"fmt must be a str, got {type(fmt).__name__}")

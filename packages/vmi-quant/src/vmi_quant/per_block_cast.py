@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint
+from vmi_core.library import KernelOp, Param
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
@@ -30,7 +31,7 @@ from .inputs import (
     sf_layout_of,
 )
 from .kernel_common import ScaleRule
-from .per_token_cast import split_out
+from .per_token_cast import SF_FLAGS
 
 _NAMES = {"cast": "per_block_cast", "sf_only": "per_block_cast_with_sf_only",
           "cast_only": "per_block_cast_with_precomputed_sf"}
@@ -133,20 +134,47 @@ def _reference(call: PerBlockCastCall, use_tma_aligned_col_major_sf, round_sf, u
     return call.out, call.sf
 
 
-def run_per_block_cast(mode, x, fmt, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
-                       use_packed_ue8m0=False, out=None, sf=None, target=None, flavor=None, kernel_only=False):
+def _execute(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out, sf, target,
+             flavor, launch) -> PerBlockCastCall:
     target, call = _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                             out, sf, target, flavor)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("per_block_cast_parallel always runs the kernel; target 'torch' is the reference")
-        return _reference(call, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
-    parallel.launch(call, target)
-    if mode == "sf_only":
-        return call.sf
-    if mode == "cast_only":
-        return call.out
+    if launch and target == "torch":
+        _reference(call, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    elif launch:
+        parallel.launch(call, target)
+    return call
+
+
+def _run_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, *, out, target, flavor,
+              launch):
+    out_data, out_sf = out or (None, None)
+    call = _execute("cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out_data,
+                    out_sf, target, flavor, launch)
     return call.out, call.sf
+
+
+def _run_sf_only(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, *, out, target,
+                 flavor, launch):
+    return _execute("sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, None,
+                    out and out[0], target, flavor, launch).sf
+
+
+def _run_precomputed_sf(x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, *, out,
+                        target, flavor, launch):
+    return _execute("cast_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                    out and out[0], sf, target, flavor, launch).out
+
+
+_X_FMT_BLOCK = (Param("x", "Tensor"), Param("fmt", "str"), Param("block_size", "int[]"))
+_SF_FLAGS = SF_FLAGS[:3]
+
+PER_BLOCK_CAST = KernelOp("per_block_cast", (*_X_FMT_BLOCK, *_SF_FLAGS), ("data", "sf"), _run_cast,
+                          outs=("out_data", "out_sf"))
+PER_BLOCK_CAST_WITH_SF_ONLY = KernelOp("per_block_cast_with_sf_only", (*_X_FMT_BLOCK, *_SF_FLAGS), ("sf",),
+                                       _run_sf_only, outs=("out_sf",))
+PER_BLOCK_CAST_WITH_PRECOMPUTED_SF = KernelOp(
+    "per_block_cast_with_precomputed_sf", (*_X_FMT_BLOCK, Param("sf", "Tensor"), *_SF_FLAGS), ("data",),
+    _run_precomputed_sf, outs=("out",))
 
 
 def per_block_cast(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
@@ -158,17 +186,16 @@ def per_block_cast(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, 
     preallocated ``(data, sf)``. The SF grid ``(M/bm, K/bk)`` is fp32, or packed UE8M0 words
     (``use_packed_ue8m0``, needs ``round_sf``), row-major or TMA-aligned column-major.
     """
-    out_x, out_sf = split_out(out)
-    return run_per_block_cast("cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                              out_x, out_sf, target, flavor)
+    return PER_BLOCK_CAST(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out=out,
+                          target=target, flavor=flavor)
 
 
 def per_block_cast_with_sf_only(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
                                 use_packed_ue8m0=False, out_sf=None, *, target: str | None = None,
                                 flavor: str | None = None):
     """Only the SF ``per_block_cast`` would return (no data is written)."""
-    return run_per_block_cast("sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                              use_packed_ue8m0, None, out_sf, target, flavor)
+    return PER_BLOCK_CAST_WITH_SF_ONLY(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                                       out=None if out_sf is None else (out_sf,), target=target, flavor=flavor)
 
 
 def per_block_cast_with_precomputed_sf(x, fmt: str, block_size, sf, use_tma_aligned_col_major_sf=False,
@@ -176,5 +203,6 @@ def per_block_cast_with_precomputed_sf(x, fmt: str, block_size, sf, use_tma_alig
                                        target: str | None = None, flavor: str | None = None):
     """Quantize with a given row-major fp32 ``sf`` of shape ``(M/bm, K/bk)``: ``q = cast(x * (1 / sf))``;
     returns data."""
-    return run_per_block_cast("cast_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                              use_packed_ue8m0, out, sf, target, flavor)
+    return PER_BLOCK_CAST_WITH_PRECOMPUTED_SF(x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf,
+                                              use_packed_ue8m0, out=None if out is None else (out,), target=target,
+                                              flavor=flavor)

@@ -11,11 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.checks import is_traced
+from vmi_core.library import KernelOp, Param
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
 from . import per_block_cast_lossless_parallel as parallel
 from .inputs import check_matrix, check_same_device, check_sf_options, logical_cols, sf_layout_of
+from .per_token_cast import SF_FLAGS
 from .reference.lossless import check_power_of_two_sf
 from .reference.lossless import per_block_cast_lossless as reference_lossless
 
@@ -78,8 +81,10 @@ def _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
     if in_layout.kind == "e4m3":
         raise TypeError("x sf must hold powers of two (float32 or packed UE8M0), not float8_e4m3fn")
     in_layout.check(in_sf, ceil_div(num_tokens, x_block[0]), ceil_div(hidden, x_block[1]), "x sf")
-    # Only the exponent bits of an fp32 SF are used: reject what they cannot hold exactly.
-    check_power_of_two_sf(in_sf, "x sf")
+    # Only the exponent bits of an fp32 SF are used: reject what they cannot hold exactly
+    # (a traced SF has no values; the real call checks them).
+    if not is_traced(in_sf):
+        check_power_of_two_sf(in_sf, "x sf")
     if use_packed_ue8m0 and use_tma_aligned_col_major_sf and out_block[1] == 1:
         raise ValueError("an SF packed along tokens (out_block_size[1] == 1) cannot be column-major")
     layout = SFLayout.of(flavor, packed=use_packed_ue8m0, col_major=use_tma_aligned_col_major_sf,
@@ -90,22 +95,27 @@ def _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
     return target, LosslessCall(spec, data, in_sf, flavor, out, sf)
 
 
-def run_per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False,
-                                round_sf=False, use_packed_ue8m0=False, target=None, flavor=None, kernel_only=False):
+def _run(data, sf, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, *,
+         out, target, flavor, launch):
+    x = (data, sf)
     target, call = _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
                             use_packed_ue8m0, target, flavor)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("per_block_cast_lossless_parallel always runs the kernel; target 'torch' is the "
-                             "reference")
+    if launch and target == "torch":
         out, sf = reference_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
                                      use_packed_ue8m0, flavor=call.flavor)
         call.sf.copy_(sf)
-        return call.out.copy_(out), call.sf
-    if not parallel.launch(call, target):
+        call.out.copy_(out)
+    elif launch and not parallel.launch(call, target):
         raise ValueError("x is not losslessly representable: the SF exponents inside one output block span more "
                          "than 11 binades (or an SF is negative)")
     return call.out, call.sf
+
+
+PER_BLOCK_CAST_LOSSLESS = KernelOp(
+    "per_block_cast_lossless",
+    (Param("x_data", "Tensor"), Param("x_sf", "Tensor"), Param("fmt", "str"), Param("x_block_size", "int[]"),
+     Param("out_block_size", "int[]"), *SF_FLAGS[:3]),
+    ("data", "sf"), _run)
 
 
 def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False,
@@ -125,5 +135,7 @@ def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_a
     kernel runs (a one-pass check on the SF tensor).
     Raises ValueError when an output block's input exponents span more than 11 binades.
     """
-    return run_per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
-                                       use_packed_ue8m0, target, flavor)
+    if not isinstance(x, tuple) or len(x) != 2:
+        raise TypeError("x must be a quantized (data, sf) tuple with int8 (packed FP4) data")
+    return PER_BLOCK_CAST_LOSSLESS(*x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
+                                   use_packed_ue8m0, target=target, flavor=flavor)

@@ -28,6 +28,7 @@ import torch
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import run_rows
 from vmi_core.sf_layout import SFLayout, sf_address
+from vmi_core.targets import require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.vector import decode
@@ -209,7 +210,8 @@ def per_block_cast_lossless_parallel(x, fmt: str, x_block_size, out_block_size, 
                                      flavor: str | None = None):
     """``per_block_cast_lossless`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .per_block_cast_lossless import run_per_block_cast_lossless
+    from .per_block_cast_lossless import per_block_cast_lossless
 
-    return run_per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
-                                       use_packed_ue8m0, target, flavor, kernel_only=True)
+    require_kernel("per_block_cast_lossless_parallel", x[0] if isinstance(x, tuple) and x else x, target)
+    return per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
+                                   use_packed_ue8m0, target=target, flavor=flavor)

@@ -26,6 +26,7 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
+from vmi_core.targets import require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.vector import decode
@@ -199,9 +200,8 @@ def per_block_cast_parallel(x, fmt: str, block_size, use_tma_aligned_col_major_s
                             flavor: str | None = None):
     """``per_block_cast`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .per_block_cast import run_per_block_cast
-    from .per_token_cast import split_out
+    from .per_block_cast import per_block_cast
 
-    out_x, out_sf = split_out(out)
-    return run_per_block_cast("cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                              out_x, out_sf, target, flavor, kernel_only=True)
+    require_kernel("per_block_cast_parallel", x, target)
+    return per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out,
+                          target=target, flavor=flavor)

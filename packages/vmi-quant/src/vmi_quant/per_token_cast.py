@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint
+from vmi_core.library import KernelOp, Param
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
@@ -22,14 +23,15 @@ from .inputs import (
     OUT_DTYPES,
     CastInput,
     check_fmt,
-    check_matrix,
     check_num_per_channels,
     check_out_data,
     check_same_device,
     check_sf_options,
     decode_input,
+    join_quantized,
     physical_cols,
     sf_layout_of,
+    split_quantized,
 )
 from .kernel_common import ScaleRule
 
@@ -135,31 +137,53 @@ def _reference(call: PerTokenCastCall, x, use_tma_aligned_col_major_sf, round_sf
     return call.out, call.sf
 
 
-def run_per_token_cast(mode, x, fmt, num_per_channels, x_block_size=None, use_tma_aligned_col_major_sf=False,
-                       round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, stochastic_cast=False, out=None,
-                       sf=None, target=None, flavor=None, kernel_only=False):
+def _execute(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+             use_e4m3_sf, stochastic_cast, out, sf, target, flavor, launch) -> PerTokenCastCall:
     target, call = _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                             use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("per_token_cast_parallel always runs the kernel; target 'torch' is the reference")
-        return _reference(call, x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf,
-                          stochastic_cast)
-    parallel.launch(call, target)
-    if mode == "sf_only":
-        return call.sf
-    if mode == "cast_only":
-        return call.out
+    if launch and target == "torch":
+        _reference(call, x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast)
+    elif launch:
+        parallel.launch(call, target)
+    return call
+
+
+def _run_cast(x, x_sf, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+              use_e4m3_sf, stochastic_cast, *, out, target, flavor, launch):
+    out_data, out_sf = out or (None, None)
+    call = _execute("cast", join_quantized(x, x_sf), fmt, num_per_channels, x_block_size,
+                    use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_data,
+                    out_sf, target, flavor, launch)
     return call.out, call.sf
 
 
-def split_out(out):
-    """``(data, sf)`` of an optional preallocated ``out`` pair."""
-    if out is None:
-        return None, None
-    if not isinstance(out, tuple) or len(out) != 2:
-        raise TypeError("out must be a (data, sf) tuple")
-    return out
+def _run_sf_only(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, *,
+                 out, target, flavor, launch):
+    return _execute("sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
+                    use_packed_ue8m0, use_e4m3_sf, False, None, out and out[0], target, flavor, launch).sf
+
+
+def _run_precomputed_sf(x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
+                        use_e4m3_sf, *, out, target, flavor, launch):
+    return _execute("cast_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
+                    use_packed_ue8m0, use_e4m3_sf, False, out and out[0], sf, target, flavor, launch).out
+
+
+_X = Param("x", "Tensor")
+_FMT_AND_GROUP = (Param("fmt", "str"), Param("num_per_channels", "int"))
+SF_FLAGS = (Param("use_tma_aligned_col_major_sf", "bool", False), Param("round_sf", "bool", False),
+            Param("use_packed_ue8m0", "bool", False), Param("use_e4m3_sf", "bool", False))
+
+PER_TOKEN_CAST = KernelOp(
+    "per_token_cast",
+    (_X, Param("x_sf", "Tensor", optional=True), *_FMT_AND_GROUP, Param("x_block_size", "int[]", None, optional=True),
+     *SF_FLAGS, Param("stochastic_cast", "bool", False)),
+    ("data", "sf"), _run_cast, outs=("out_data", "out_sf"))
+PER_TOKEN_CAST_WITH_SF_ONLY = KernelOp(
+    "per_token_cast_with_sf_only", (_X, *_FMT_AND_GROUP, *SF_FLAGS), ("sf",), _run_sf_only, outs=("out_sf",))
+PER_TOKEN_CAST_WITH_PRECOMPUTED_SF = KernelOp(
+    "per_token_cast_with_precomputed_sf", (_X, *_FMT_AND_GROUP, Param("sf", "Tensor"), *SF_FLAGS), ("data",),
+    _run_precomputed_sf, outs=("out",))
 
 
 def per_token_cast(x, fmt: str, num_per_channels: int, x_block_size=None, use_tma_aligned_col_major_sf=False,
@@ -174,24 +198,24 @@ def per_token_cast(x, fmt: str, num_per_channels: int, x_block_size=None, use_tm
     UE8M0 words (``use_packed_ue8m0``, needs ``round_sf``), row-major or TMA-aligned
     column-major.
     """
-    out_x, out_sf = split_out(out)
-    return run_per_token_cast("cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-                use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_x, out_sf, target, flavor)
+    return PER_TOKEN_CAST(*split_quantized(x), fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
+                          round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out=out, target=target,
+                          flavor=flavor)
 
 
 def per_token_cast_with_sf_only(x, fmt: str, num_per_channels: int, use_tma_aligned_col_major_sf=False,
                                 round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, out_sf=None,
                                 *, target: str | None = None, flavor: str | None = None):
     """Only the SF ``per_token_cast`` would return (no data is written)."""
-    return run_per_token_cast("sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
-                use_packed_ue8m0, use_e4m3_sf, False, None, out_sf, target, flavor)
+    return PER_TOKEN_CAST_WITH_SF_ONLY(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
+                                       use_packed_ue8m0, use_e4m3_sf, out=None if out_sf is None else (out_sf,),
+                                       target=target, flavor=flavor)
 
 
 def per_token_cast_with_precomputed_sf(x, fmt: str, num_per_channels: int, sf, use_tma_aligned_col_major_sf=False,
                                        round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, out=None,
                                        *, target: str | None = None, flavor: str | None = None):
     """Quantize with a given row-major fp32 (or E4M3) ``sf``: ``q = cast(x * (1 / sf))``; returns data."""
-    if out is not None:
-        check_matrix(out, "out")
-    return run_per_token_cast("cast_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
-                use_packed_ue8m0, use_e4m3_sf, False, out, sf, target, flavor)
+    return PER_TOKEN_CAST_WITH_PRECOMPUTED_SF(x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf,
+                                              use_packed_ue8m0, use_e4m3_sf, out=None if out is None else (out,),
+                                              target=target, flavor=flavor)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_in_place, check_kernel_extent, check_no_internal_overlap, mark_written
+from vmi_core.library import KernelOp, Param
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
 from . import per_token_cast_and_cast_back_parallel as parallel
@@ -65,17 +66,20 @@ def _reference(call: CastAndCastBackCall, round_sf: bool, use_e4m3_sf: bool) -> 
                                          use_e4m3_sf=use_e4m3_sf, flavor=call.flavor))
 
 
-def run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf=False, use_e4m3_sf=False, target=None,
-                                     flavor=None, kernel_only=False) -> None:
+def _run(x, fmt, num_per_channels, round_sf, use_e4m3_sf, *, out, target, flavor, launch) -> None:
     target, call = _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor)
-    if target == "torch":
-        if kernel_only:
-            raise ValueError("per_token_cast_and_cast_back_parallel always runs the kernel; "
-                             "target 'torch' is the reference")
+    if launch and target == "torch":
         _reference(call, round_sf, use_e4m3_sf)
-        return
-    parallel.launch(call, target)
-    mark_written(call.x)
+    elif launch:
+        parallel.launch(call, target)
+        mark_written(call.x)
+
+
+PER_TOKEN_CAST_AND_CAST_BACK = KernelOp(
+    "per_token_cast_and_cast_back",
+    (Param("x", "Tensor", mutable=True), Param("fmt", "str"), Param("num_per_channels", "int"),
+     Param("round_sf", "bool", False), Param("use_e4m3_sf", "bool", False)),
+    (), _run)
 
 
 def per_token_cast_and_cast_back(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,
@@ -91,4 +95,4 @@ def per_token_cast_and_cast_back(x, fmt: str, num_per_channels: int, round_sf=Fa
     then raises) and, with grad mode on, refuses an ``x`` that requires grad (it has no
     derivative): call it under ``torch.no_grad()``.
     """
-    run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor)
+    PER_TOKEN_CAST_AND_CAST_BACK(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target=target, flavor=flavor)

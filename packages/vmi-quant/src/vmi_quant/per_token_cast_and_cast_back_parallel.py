@@ -22,6 +22,7 @@ import tilelang.language as T
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
 from vmi_core.formats import bit_view
+from vmi_core.targets import require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import select
@@ -143,7 +144,7 @@ def per_token_cast_and_cast_back_parallel(x, fmt: str, num_per_channels: int, ro
                                           *, target: str | None = None, flavor: str | None = None):
     """``per_token_cast_and_cast_back`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .per_token_cast_and_cast_back import run_per_token_cast_and_cast_back
+    from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
 
-    run_per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor,
-                                     kernel_only=True)
+    require_kernel("per_token_cast_and_cast_back_parallel", x, target)
+    per_token_cast_and_cast_back(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target=target, flavor=flavor)

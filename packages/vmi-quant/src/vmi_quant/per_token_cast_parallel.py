@@ -30,12 +30,14 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.sf_layout import SFLayout, sf_address
+from vmi_core.targets import require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, Vec, bitcast, keep, select
 from vmi_core.tl.stochastic import sr_mix, sr_random16_at, stochastic_round
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, deinterleave, gather, phase_barrier, store
 
+from .inputs import split_quantized
 from .kernel_common import (
     KERNEL_DTYPE,
     ScaleRule,
@@ -344,9 +346,9 @@ def per_token_cast_parallel(x, fmt: str, num_per_channels: int, x_block_size=Non
                             flavor: str | None = None):
     """``per_token_cast`` that always runs the parallel kernel (same arguments)."""
     # The dispatch module imports this one; by call time both are loaded.
-    from .per_token_cast import run_per_token_cast, split_out
+    from .per_token_cast import per_token_cast
 
-    out_x, out_sf = split_out(out)
-    return run_per_token_cast("cast", x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
-                              round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_x, out_sf, target,
-                              flavor, kernel_only=True)
+    data, _ = split_quantized(x)
+    require_kernel("per_token_cast_parallel", data, target)
+    return per_token_cast(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                          use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, target=target, flavor=flavor)

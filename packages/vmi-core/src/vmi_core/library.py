@@ -1,0 +1,226 @@
+"""vmi's ops as torch custom ops: ``torch.ops.vmi.<name>``.
+
+Every public op is declared once, as a ``KernelOp``: its parameters and its ``run``. From that
+one declaration come
+
+* the schema of ``torch.ops.vmi.<name>`` (and of ``<name>.out`` where the op takes
+  preallocated outputs), registered for every device with the implementation;
+* the fake (meta) implementation that ``torch.compile``, ``FakeTensorMode`` and meta tensors
+  use: the op's own validation and allocation without a launch, so output shapes, dtypes,
+  strides and SF layouts are those a real call returns;
+* the type checks that run before dispatch, so a wrong argument raises ``TypeError`` naming
+  it (the dispatcher's own schema errors name the argument less clearly);
+* the parameter names and defaults the ``vmi`` command binds its options to.
+
+Every op takes the keyword-only ``target`` and ``flavor`` (see ``vmi_core.targets``). An op's
+``run`` takes its parameters positionally, then ``out`` (a tuple of the preallocated outputs,
+or ``None``), ``target``, ``flavor`` and ``launch`` as keywords: it validates the arguments and
+allocates the outputs, then, with ``launch``, runs the kernel (or the reference for
+``target="torch"``); without, it returns the outputs as allocated: that is the shape function.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+NAMESPACE = "vmi"
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+_REQUIRED = object()
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_int_tuple(value) -> bool:
+    return isinstance(value, tuple) and all(_is_int(v) for v in value)
+
+
+# Schema type -> (what a caller may pass, how the error names it).
+_KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "Tensor": (lambda v: isinstance(v, torch.Tensor), "a torch.Tensor"),
+    "int": (_is_int, "an int"),
+    "float": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a float"),
+    "bool": (lambda v: isinstance(v, bool), "a bool"),
+    "str": (lambda v: isinstance(v, str), "a str"),
+    "ScalarType": (lambda v: isinstance(v, torch.dtype), "a torch.dtype"),
+    "int[]": (_is_int_tuple, "a tuple of ints"),
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an op: ``kind`` is its schema type (``Tensor``, ``int``, ``float``,
+    ``bool``, ``str``, ``ScalarType``, ``int[]``); ``optional`` admits ``None``; ``mutable``
+    marks a tensor the op writes in place (declared ``Tensor(a!)`` in the schema)."""
+
+    name: str
+    kind: str
+    default: object = _REQUIRED
+    optional: bool = False
+    mutable: bool = False
+
+    def __post_init__(self):
+        if self.kind not in _KINDS:
+            raise ValueError(f"parameter {self.name}: unknown kind {self.kind!r}")
+        if self.mutable and self.kind != "Tensor":
+            raise ValueError(f"parameter {self.name}: only a tensor can be mutable")
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not _REQUIRED
+
+    def schema(self, alias: str | None) -> str:
+        kind = f"Tensor({alias}!)" if alias else self.kind
+        text = f"{kind}{'?' if self.optional else ''} {self.name}"
+        if self.has_default:
+            text += f"={_schema_value(self.default)}"
+        return text
+
+    def check(self, value, op: str) -> None:
+        if value is None and self.optional:
+            return
+        accepts, wanted = _KINDS[self.kind]
+        if not accepts(value):
+            got = type(value).__name__ if value is not None else "None"
+            raise TypeError(f"{op}: {self.name} must be {wanted}{' or None' if self.optional else ''}, got {got}")
+
+
+def _schema_value(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+class KernelOp:
+    """One op, registered as ``torch.ops.vmi.<name>`` (see the module docstring).
+
+    ``returns`` names the tensors the op returns (empty for an op that only writes in place);
+    ``outs`` names its preallocated outputs where it takes them (one per returned tensor): then
+    ``<name>.out`` takes them as mutable keyword arguments and returns nothing.
+    ``run`` is described in the module docstring.
+    """
+
+    def __init__(self, name: str, params: Sequence[Param], returns: Sequence[str], run: Callable, *,
+                 outs: Sequence[str] = ()):
+        if outs and len(outs) != len(returns):
+            raise ValueError(f"{name}: one preallocated output per returned tensor")
+        self.name = name
+        self.params = tuple(params)
+        self.returns = tuple(returns)
+        self.outs = tuple(outs)
+        self._run = run
+        self._define()
+
+    @property
+    def qualname(self) -> str:
+        return f"{NAMESPACE}::{self.name}"
+
+    def schema(self, overload: str = "") -> str:
+        aliases = iter("abcdefghijklmnopqrstuvwxyz")
+        params = [p.schema(next(aliases) if p.mutable else None) for p in self.params]
+        keywords = ([f"Tensor({next(aliases)}!) {name}" for name in self.outs] if overload == "out" else [])
+        keywords += ["str? target=None", "str? flavor=None"]
+        if overload == "out" or not self.returns:
+            result = "()"
+        elif len(self.returns) == 1:
+            result = "Tensor"
+        else:
+            result = "(" + ", ".join("Tensor" for _ in self.returns) + ")"
+        name = f"{self.name}.{overload}" if overload else self.name
+        return f"{name}({', '.join(params)}, *, {', '.join(keywords)}) -> {result}"
+
+    def _fill(self, args: tuple) -> list:
+        return list(args) + [p.default for p in self.params[len(args):]]
+
+    def _complete(self, args: tuple) -> list:
+        """The dispatcher hands a Python kernel the arguments as the caller passed them, ``int[]``
+        as lists: fill in the defaults and make those tuples again."""
+        return [tuple(v) if p.kind == "int[]" and v is not None else v
+                for p, v in zip(self.params, self._fill(args), strict=True)]
+
+    def _define(self) -> None:
+        _LIBRARY.define(self.schema())
+
+        def kernel(*args, target=None, flavor=None):
+            return self._run(*self._complete(args), out=None, target=target, flavor=flavor, launch=True)
+
+        def fake(*args, target=None, flavor=None):
+            return self._run(*self._complete(args), out=None, target=target, flavor=flavor, launch=False)
+
+        _LIBRARY.impl(self.name, kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(self.qualname, fake, lib=_LIBRARY)
+        if not self.outs:
+            return
+        _LIBRARY.define(self.schema("out"))
+
+        def kernel_out(*args, target=None, flavor=None, **outs):
+            self._run(*self._complete(args), out=tuple(outs[n] for n in self.outs), target=target, flavor=flavor,
+                      launch=True)
+
+        def fake_out(*args, target=None, flavor=None, **outs):
+            self._run(*self._complete(args), out=tuple(outs[n] for n in self.outs), target=target, flavor=flavor,
+                      launch=False)
+
+        _LIBRARY.impl(f"{self.name}.out", kernel_out, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{self.qualname}.out", fake_out, lib=_LIBRARY)
+
+    @property
+    def default(self):
+        """``torch.ops.vmi.<name>.default``."""
+        return getattr(getattr(torch.ops, NAMESPACE), self.name).default
+
+    @property
+    def out(self):
+        """``torch.ops.vmi.<name>.out`` (ops that take preallocated outputs)."""
+        return getattr(getattr(torch.ops, NAMESPACE), self.name).out
+
+    def check_types(self, args: tuple) -> None:
+        for param, value in zip(self.params, args, strict=False):
+            param.check(value, self.name)
+        for param in self.params[len(args):]:
+            if not param.has_default:
+                raise TypeError(f"{self.name}: missing argument {param.name}")
+
+    def __call__(self, *args, out: Sequence[torch.Tensor] | None = None, target: str | None = None,
+                 flavor: str | None = None):
+        """Run the op through the dispatcher: the results, or ``out`` once written."""
+        if len(args) > len(self.params):
+            raise TypeError(f"{self.name} takes at most {len(self.params)} positional arguments, got {len(args)}")
+        try:
+            self.check_types(args)
+        except TypeError as wrong_type:
+            # The op's own validation names the problem more precisely where it has a rule for it.
+            try:
+                self._run(*self._fill(args), out=out, target=target, flavor=flavor, launch=False)
+            except (TypeError, ValueError):
+                raise
+            except Exception:
+                raise wrong_type from None
+            raise
+        for name, value in (("target", target), ("flavor", flavor)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{self.name}: {name} must be a str or None, got {type(value).__name__}")
+        if out is None:
+            return self.default(*args, target=target, flavor=flavor)
+        if not self.outs:
+            raise TypeError(f"{self.name} takes no preallocated outputs")
+        if not isinstance(out, (tuple, list)) or len(out) != len(self.outs):
+            raise TypeError(f"{self.name}: out must be a ({', '.join(self.returns)}) tuple")
+        for name, tensor in zip(self.outs, out, strict=True):
+            if tensor is not None and not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"{self.name}: {name} must be a torch.Tensor or None, got {type(tensor).__name__}")
+        if any(t is None for t in out):
+            # The outputs not given are allocated as the op would, then written like the given ones.
+            allocated = self._run(*self._fill(args), out=tuple(out), target=target, flavor=flavor, launch=False)
+            out = (allocated,) if len(self.outs) == 1 else allocated
+        self.out(*args, target=target, flavor=flavor, **dict(zip(self.outs, out, strict=True)))
+        return out[0] if len(out) == 1 else tuple(out)
