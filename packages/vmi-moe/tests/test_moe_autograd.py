@@ -1,4 +1,4 @@
-"""The gate as an autograd function (``moe_topk_gate_autograd`` / ``MoETopkGate``) on the cpu target
+"""The gate with autograd (``moe_topk_gate_autograd``, a custom op with a registered backward) on the cpu target
 (and, in the slow run, on ascend-sim).
 
 * ``loss.backward()`` gives ``logits.grad`` bit for bit equal to a direct

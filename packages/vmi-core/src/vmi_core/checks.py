@@ -28,9 +28,12 @@ def _type_name(value) -> str:
 
 def check_int(value, name: str, low: int | None = None, high: int | None = None) -> int:
     """``value`` is an integer (not a bool, not a float such as ``128.0``) in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, torch.SymInt):
+        pass  # a traced size: the bounds below become guards
+    elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {_type_name(value)} {value!r}")
-    value = int(value)
+    else:
+        value = int(value)
     if (low is not None and value < low) or (high is not None and value > high):
         bound = (f"in [{low}, {high}]" if low is not None and high is not None
                  else f">= {low}" if low is not None else f"<= {high}")

@@ -30,6 +30,8 @@ import torch
 NAMESPACE = "vmi"
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 _REQUIRED = object()
+# Every declared op by name, in declaration order.
+KERNEL_OPS: dict[str, KernelOp] = {}
 
 
 def _is_int(value) -> bool:
@@ -106,19 +108,26 @@ class KernelOp:
     ``returns`` names the tensors the op returns (empty for an op that only writes in place);
     ``outs`` names its preallocated outputs where it takes them (one per returned tensor): then
     ``<name>.out`` takes them as mutable keyword arguments and returns nothing.
-    ``run`` is described in the module docstring.
+    ``run`` is described in the module docstring. ``autograd = (backward, setup_context)``
+    registers a derivative (``torch.library.register_autograd``; the op must not mutate).
     """
 
     def __init__(self, name: str, params: Sequence[Param], returns: Sequence[str], run: Callable, *,
-                 outs: Sequence[str] = ()):
+                 outs: Sequence[str] = (), autograd: tuple[Callable, Callable] | None = None):
         if outs and len(outs) != len(returns):
             raise ValueError(f"{name}: one preallocated output per returned tensor")
         self.name = name
         self.params = tuple(params)
         self.returns = tuple(returns)
         self.outs = tuple(outs)
-        self._run = run
+        self.run = run
+        if name in KERNEL_OPS:
+            raise ValueError(f"op {name} is declared twice")
         self._define()
+        if autograd is not None:
+            backward, setup_context = autograd
+            torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=_LIBRARY)
+        KERNEL_OPS[name] = self
 
     @property
     def qualname(self) -> str:
@@ -151,10 +160,10 @@ class KernelOp:
         _LIBRARY.define(self.schema())
 
         def kernel(*args, target=None, flavor=None):
-            return self._run(*self._complete(args), out=None, target=target, flavor=flavor, launch=True)
+            return self.run(*self._complete(args), out=None, target=target, flavor=flavor, launch=True)
 
         def fake(*args, target=None, flavor=None):
-            return self._run(*self._complete(args), out=None, target=target, flavor=flavor, launch=False)
+            return self.run(*self._complete(args), out=None, target=target, flavor=flavor, launch=False)
 
         _LIBRARY.impl(self.name, kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(self.qualname, fake, lib=_LIBRARY)
@@ -163,11 +172,11 @@ class KernelOp:
         _LIBRARY.define(self.schema("out"))
 
         def kernel_out(*args, target=None, flavor=None, **outs):
-            self._run(*self._complete(args), out=tuple(outs[n] for n in self.outs), target=target, flavor=flavor,
+            self.run(*self._complete(args), out=tuple(outs[n] for n in self.outs), target=target, flavor=flavor,
                       launch=True)
 
         def fake_out(*args, target=None, flavor=None, **outs):
-            self._run(*self._complete(args), out=tuple(outs[n] for n in self.outs), target=target, flavor=flavor,
+            self.run(*self._complete(args), out=tuple(outs[n] for n in self.outs), target=target, flavor=flavor,
                       launch=False)
 
         _LIBRARY.impl(f"{self.name}.out", kernel_out, "CompositeExplicitAutograd")
@@ -200,7 +209,7 @@ class KernelOp:
         except TypeError as wrong_type:
             # The op's own validation names the problem more precisely where it has a rule for it.
             try:
-                self._run(*self._fill(args), out=out, target=target, flavor=flavor, launch=False)
+                self.run(*self._fill(args), out=out, target=target, flavor=flavor, launch=False)
             except (TypeError, ValueError):
                 raise
             except Exception:
@@ -220,7 +229,7 @@ class KernelOp:
                 raise TypeError(f"{self.name}: {name} must be a torch.Tensor or None, got {type(tensor).__name__}")
         if any(t is None for t in out):
             # The outputs not given are allocated as the op would, then written like the given ones.
-            allocated = self._run(*self._fill(args), out=tuple(out), target=target, flavor=flavor, launch=False)
+            allocated = self.run(*self._fill(args), out=tuple(out), target=target, flavor=flavor, launch=False)
             out = (allocated,) if len(self.outs) == 1 else allocated
         self.out(*args, target=target, flavor=flavor, **dict(zip(self.outs, out, strict=True)))
         return out[0] if len(out) == 1 else tuple(out)

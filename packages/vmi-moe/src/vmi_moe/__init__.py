@@ -8,14 +8,14 @@ and checked against a PyTorch reference (``vmi_moe.reference``):
 * ``moe_topk_gate_forward`` (alias ``moe_topk_gate``) — the sqrt-softplus gate with
   bias, shared experts, fixed and force-random routing and replica mapping;
 * ``moe_topk_gate_backward`` — its gradient, with the sequence-level auxiliary term;
-* ``MoETopkGate`` / ``moe_topk_gate_autograd`` — the gate as an autograd function.
+* ``moe_topk_gate_autograd`` — the gate with autograd (a registered backward).
 
 Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu`` or the reference ``torch``)
 and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
 entry points always run the kernel.
 """
 
-from vmi_moe.autograd import MoETopkGate, moe_topk_gate_autograd
+from vmi_moe.autograd import moe_topk_gate_autograd
 from vmi_moe.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward
 from vmi_moe.moe_topk_gate_backward import moe_topk_gate_backward
 from vmi_moe.moe_topk_gate_backward_parallel import moe_topk_gate_backward_parallel
@@ -28,7 +28,6 @@ from vmi_moe.topk_gate_parallel import topk_gate_parallel
 __version__ = "0.1.0"
 
 __all__ = [
-    "MoETopkGate",
     "moe_topk_gate_autograd",
     "moe_topk_gate_backward",
     "moe_topk_gate_backward_parallel",
