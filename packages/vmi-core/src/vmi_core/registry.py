@@ -3,6 +3,10 @@
 Each family package declares an entry point in the ``vmi.ops`` group naming a
 module with an ``OPS`` list of ``OpInfo``; the command discovers them, so a user
 who installs only vmi-quant sees only the quantization ops.
+
+``kernel_op_entry`` builds an op's entry from its ``vmi_core.library.KernelOp``: the
+command runs the op (and its reference, the same op with target ``torch``) with the
+parameters bound by name from the generated inputs and the command-line options.
 """
 
 from __future__ import annotations
@@ -10,6 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+
+import torch
+
+from .library import KernelOp
+from .targets import device_of, flavor_argument, resolve_flavor
+from .testing import compare_named
 
 ENTRY_POINT_GROUP = "vmi.ops"
 
@@ -93,3 +103,66 @@ def discover() -> dict[str, OpInfo]:
             for alias in op.aliases:
                 ops.setdefault(alias, op)
     return ops
+
+
+def bind(op: KernelOp, values: dict, device: str) -> tuple[list, list]:
+    """``op``'s positional arguments from ``values`` by parameter name (defaults, or None where a
+    parameter admits it, for the rest), tensors moved to ``device``; and the tensors bound to
+    mutable parameters, which are fresh copies so the caller's inputs stay as they were."""
+    args, mutated = [], []
+    for param in op.params:
+        if param.name in values:
+            value = values[param.name]
+        elif param.has_default or param.optional:
+            value = param.default if param.has_default else None
+        else:
+            raise KeyError(f"{op.name}: no value for parameter {param.name}")
+        if isinstance(value, torch.Tensor):
+            value = value.to(device)
+            if param.mutable:
+                value = value.clone()
+                mutated.append(value)
+        args.append(value)
+    return args, mutated
+
+
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    return 0
+
+
+def kernel_op_entry(op: KernelOp, *, arguments: Callable | None = None, check: Callable | None = None,
+                    nbytes: Callable | None = None, **fields) -> OpInfo:
+    """The ``OpInfo`` of ``op``: ``run`` calls it on the target, ``reference`` calls it with target
+    ``torch``; both return its results followed by the tensors it wrote in place.
+
+    The arguments are bound by name (``bind``) from the inputs, the options and
+    ``arguments(inputs, options, flavor)`` (values computed from those, e.g. a block size from two
+    options). ``check`` defaults to a bitwise comparison of the results and the tensors of required
+    mutable parameters (an op with optional ones declares its own), ``nbytes`` to the bytes
+    of every input and output tensor, ``name`` to the op's. The other fields are ``OpInfo``'s.
+    """
+
+    def call(inputs, options, target, flavor, device):
+        values = {**options, **inputs}
+        if arguments is not None:
+            values.update(arguments(inputs, options, resolve_flavor(target, flavor).name))
+        args, mutated = bind(op, values, device)
+        results = op(*args, target=target, flavor=flavor)
+        results = (results,) if isinstance(results, torch.Tensor) else tuple(results or ())
+        return (*results, *mutated)
+
+    outputs = op.returns + tuple(p.name for p in op.params if p.mutable and not p.optional)
+    fields.setdefault("name", op.name)
+    return OpInfo(
+        run=lambda inputs, options, target, flavor: call(inputs, options, target, flavor_argument(target, flavor),
+                                                         device_of(target)),
+        reference=lambda inputs, options, flavor: call(inputs, options, "torch", flavor, "cpu"),
+        check=check or compare_named(outputs),
+        nbytes=nbytes or (lambda inputs, results: _tensor_bytes(inputs) + _tensor_bytes(results)),
+        **fields)

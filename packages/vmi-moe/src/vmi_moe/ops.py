@@ -5,26 +5,26 @@ for bit. The gate's scores come from ``exp``/``log1p`` (<= 2 ulp from the refere
 so ``moe_topk_gate`` is checked as its tests do: scores and weights within a
 tolerance, each token's set of experts bit for bit on inputs without near-ties at the
 top-k boundary. The backward is checked against the float64 reference within the
-spec's tolerance.
+spec's tolerance. Each entry is built from the op's declaration (``kernel_op_entry``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from vmi_core.registry import OpInfo, Option
+from vmi_core.registry import Option, kernel_op_entry
 from vmi_core.softplus import sqrt_softplus
-from vmi_core.targets import device_of, flavor_argument, resolve_flavor
-from vmi_core.testing import bitwise_mismatches, compare_named, generator, randn
+from vmi_core.targets import flavor_argument, resolve_flavor
+from vmi_core.testing import bitwise_mismatches, generator, randn
 
 from . import reference
-from .moe_topk_gate import moe_topk_gate_forward
-from .moe_topk_gate_backward import moe_topk_gate_backward
+from .moe_topk_gate import MOE_TOPK_GATE_FORWARD
+from .moe_topk_gate_backward import MOE_TOPK_GATE_BACKWARD
 from .moe_topk_gate_backward_parallel import GateBackwardSpec, moe_topk_gate_backward_source
 from .moe_topk_gate_parallel import GateSpec, moe_topk_gate_source
-from .normalize_weight import normalize_weight
+from .normalize_weight import NORMALIZE_WEIGHT
 from .normalize_weight_parallel import NormalizeWeightSpec, normalize_weight_source
-from .topk_gate import topk_gate
+from .topk_gate import TOPK_GATE
 from .topk_gate_parallel import TopkGateSpec, topk_gate_source
 
 _SCALE = 1.5
@@ -51,11 +51,6 @@ def _close(name, actual, wanted, rtol, atol) -> list[str]:
             f"{actual[first].item()!r} vs {wanted[first].item()!r}"]
 
 
-def _nbytes(inputs, outputs) -> int:
-    tensors = [t for t in (*inputs.values(), *outputs) if isinstance(t, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 # --- topk_gate ---
 
 TOPK_OPTIONS = (Option("num_topk", 8, (1, 2, 4, 6, 8, 16, 32), "experts per token"),)
@@ -63,15 +58,6 @@ TOPK_OPTIONS = (Option("num_topk", 8, (1, 2, 4, 6, 8, 16, 32), "experts per toke
 
 def _topk_inputs(shape, options, seed):
     return {"scores": randn(shape, seed)}
-
-
-def _topk_run(inputs, options, target, flavor):
-    return (topk_gate(inputs["scores"].to(device_of(target)), options["num_topk"], target=target,
-                      flavor=flavor_argument(target, flavor)),)
-
-
-def _topk_reference(inputs, options, flavor):
-    return (reference.topk_gate(inputs["scores"], options["num_topk"]),)
 
 
 def _topk_source(options, target, flavor):
@@ -85,15 +71,6 @@ NORMALIZE_OPTIONS = (Option("num_topk", 8, tuple(range(1, 33)), "weights per row
 
 def _normalize_inputs(shape, options, seed):
     return {"topk_weights": torch.rand(shape[0], options["num_topk"], generator=generator(seed))}
-
-
-def _normalize_run(inputs, options, target, flavor):
-    return normalize_weight(inputs["topk_weights"].to(device_of(target)), target=target,
-                            flavor=flavor_argument(target, flavor))
-
-
-def _normalize_reference(inputs, options, flavor):
-    return reference.normalize_weight(inputs["topk_weights"], flavor)
 
 
 def _normalize_source(options, target, flavor):
@@ -133,26 +110,9 @@ def _gate_inputs(shape, options, seed):
     return {"logits": logits, "bias": bias, "mask": mask}
 
 
-def _gate_args(inputs, options, device):
-    return dict(num_topk=options["num_topk"], use_shared_as_routed=options["num_shared_experts"] > 0,
-                num_shared_experts=options["num_shared_experts"], routed_scaling_factor=_SCALE, ep_rank=0,
-                mask=None if inputs["mask"] is None else inputs["mask"].to(device),
-                bias=None if inputs["bias"] is None else inputs["bias"].to(device))
-
-
-def _gate_run(inputs, options, target, flavor):
-    device = device_of(target)
-    logits = inputs["logits"].to(device)
-    scores = torch.empty_like(logits)
-    idx, weights = moe_topk_gate_forward(logits, **_gate_args(inputs, options, device), scores=scores,
-                                         target=target, flavor=flavor_argument(target, flavor))
-    return idx, weights, scores
-
-
-def _gate_reference(inputs, options, flavor):
-    idx, weights, _, scores = reference.moe_topk_gate_forward(inputs["logits"], **_gate_args(inputs, options, "cpu"),
-                                                               flavor=flavor)
-    return idx, weights, scores
+def _gate_arguments(inputs, options, flavor):
+    return {"use_shared_as_routed": options["num_shared_experts"] > 0, "routed_scaling_factor": _SCALE,
+            "ep_rank": 0, "scores": torch.empty_like(inputs["logits"])}
 
 
 def _gate_check(outputs, expected) -> list[str]:
@@ -203,16 +163,6 @@ def _backward_inputs(shape, options, seed):
     return inputs
 
 
-def _backward_run(inputs, options, target, flavor):
-    args = {name: None if t is None else t.to(device_of(target)) for name, t in inputs.items()}
-    return (moe_topk_gate_backward(routed_scaling_factor=_SCALE, target=target, flavor=flavor_argument(target, flavor),
-                                   **args),)
-
-
-def _backward_reference(inputs, options, flavor):
-    return (reference.moe_topk_gate_backward(routed_scaling_factor=_SCALE, **inputs),)
-
-
 def _backward_check(outputs, expected) -> list[str]:
     (grad,), (want,) = outputs, expected
     # Not bitwise: the kernel computes in fp32 (E-term sums, exp, divisions) and the reference in
@@ -237,8 +187,8 @@ _SHAPES = ((16384, 256), (4096, 384), (1024, 72), (1, 256), (4, 256), (16, 256))
 _BACKWARD_SHAPES = ((16384, 256), (4096, 384), (1024, 72), (2, 256), (4, 256), (16, 256))
 
 OPS = [
-    OpInfo(
-        name="topk_gate",
+    kernel_op_entry(
+        TOPK_GATE,
         family="moe",
         summary="top-k expert indices per token, ties to the lowest index",
         default_shape=(4096, 256),
@@ -246,14 +196,10 @@ OPS = [
         options=TOPK_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_topk_inputs,
-        run=_topk_run,
-        reference=_topk_reference,
-        check=compare_named(("topk_idx",)),
         source=_topk_source,
-        nbytes=_nbytes,
     ),
-    OpInfo(
-        name="normalize_weight",
+    kernel_op_entry(
+        NORMALIZE_WEIGHT,
         family="moe",
         summary="renormalise selected expert weights, summed in the gate's order",
         default_shape=(16384, 8),
@@ -261,13 +207,12 @@ OPS = [
         options=NORMALIZE_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_normalize_inputs,
-        run=_normalize_run,
-        reference=_normalize_reference,
-        check=compare_named(("denominator", "normalized_weights")),
         source=_normalize_source,
-        nbytes=_nbytes,
     ),
-    OpInfo(
+    kernel_op_entry(
+        MOE_TOPK_GATE_FORWARD,
+        arguments=_gate_arguments,
+        check=_gate_check,
         name="moe_topk_gate",
         family="moe",
         summary="sqrt-softplus MoE top-k gate: biased selection, normalised scaled weights, shared experts",
@@ -276,16 +221,14 @@ OPS = [
         options=GATE_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_gate_inputs,
-        run=_gate_run,
-        reference=_gate_reference,
-        check=_gate_check,
         source=_gate_source,
-        nbytes=_nbytes,
         aliases=("moe_topk_gate_forward",),
         check_criterion="(expert sets bit for bit; weights and scores to rtol 1e-5)",
     ),
-    OpInfo(
-        name="moe_topk_gate_backward",
+    kernel_op_entry(
+        MOE_TOPK_GATE_BACKWARD,
+        arguments=lambda inputs, options, flavor: {"routed_scaling_factor": _SCALE},
+        check=_backward_check,
         family="moe",
         summary="gradient of the MoE gate's weights and sequence-level auxiliary statistic w.r.t. the logits",
         default_shape=(4096, 256),
@@ -293,11 +236,7 @@ OPS = [
         options=BACKWARD_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_backward_inputs,
-        run=_backward_run,
-        reference=_backward_reference,
-        check=_backward_check,
         source=_backward_source,
-        nbytes=_nbytes,
         check_criterion="to rtol 1e-5, atol 1e-5 * max|reference|",
     ),
 ]

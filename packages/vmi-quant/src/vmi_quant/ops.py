@@ -1,32 +1,35 @@
-"""vmi-quant's ops for the ``vmi`` command (entry point group ``vmi.ops``)."""
+"""vmi-quant's ops for the ``vmi`` command (entry point group ``vmi.ops``).
+
+Each entry is built from the op's declaration (``kernel_op_entry``): the command binds the
+op's parameters by name from the generated inputs and the options below; options that are
+not parameters (``in_dtype``, block sides, ``x_fmt``) shape the inputs or the arguments.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from vmi_core.registry import OpInfo, Option
+from vmi_core.registry import Option, kernel_op_entry
 from vmi_core.sf_layout import SFLayout
-from vmi_core.targets import device_of, flavor_argument, resolve_flavor
-from vmi_core.testing import compare_named, randn
+from vmi_core.targets import flavor_argument, resolve_flavor
+from vmi_core.testing import randn
 
 from . import reference
-from .cast import cast
-from .cast_back import cast_back
+from .cast import CAST
+from .cast_back import CAST_BACK
 from .cast_back_parallel import CastBackSpec, cast_back_source
 from .cast_parallel import CastSpec, cast_source
+from .per_block_cast import PER_BLOCK_CAST
 from .per_block_cast import make_spec as make_block_spec
-from .per_block_cast import per_block_cast
+from .per_block_cast_lossless import PER_BLOCK_CAST_LOSSLESS
 from .per_block_cast_lossless import make_spec as make_lossless_spec
-from .per_block_cast_lossless import per_block_cast_lossless
 from .per_block_cast_lossless_parallel import per_block_cast_lossless_source
 from .per_block_cast_parallel import per_block_cast_source
-from .per_token_cast import make_spec, per_token_cast
+from .per_token_cast import PER_TOKEN_CAST, make_spec
+from .per_token_cast_and_cast_back import PER_TOKEN_CAST_AND_CAST_BACK
 from .per_token_cast_and_cast_back import make_spec as make_round_trip_spec
-from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
 from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_source
 from .per_token_cast_parallel import per_token_cast_source
-from .reference import elementwise
-from .reference.lossless import per_block_cast_lossless as reference_lossless
 
 _IN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -40,25 +43,10 @@ PER_TOKEN_CAST_OPTIONS = (
     Option("use_e4m3_sf", False, help="E4M3 scaling factors"),
     Option("stochastic_cast", False, help="stochastic rounding of the data"),
 )
-_SF_OPTIONS = ("round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf", "use_e4m3_sf")
 
 
 def _ptc_inputs(shape, options, seed):
     return {"x": randn(shape, seed, _IN_DTYPES[options["in_dtype"]])}
-
-
-def _ptc_run(inputs, options, target, flavor):
-    x = inputs["x"].to(device_of(target))
-    return per_token_cast(x, options["fmt"], options["num_per_channels"],
-                          stochastic_cast=options["stochastic_cast"], target=target,
-                          flavor=flavor_argument(target, flavor),
-                          **{k: options[k] for k in _SF_OPTIONS})
-
-
-def _ptc_reference(inputs, options, flavor):
-    return reference.cast(inputs["x"], options["fmt"], (1, options["num_per_channels"]),
-                          stochastic=options["stochastic_cast"], flavor=flavor,
-                          **{k: options[k] for k in _SF_OPTIONS})
 
 
 def _ptc_source(options, target, flavor):
@@ -70,10 +58,6 @@ def _ptc_source(options, target, flavor):
     return per_token_cast_source(spec, target)
 
 
-def _nbytes(inputs, outputs) -> int:
-    return sum(t.numel() * t.element_size() for t in (inputs["x"], *outputs))
-
-
 # --- per_token_cast_and_cast_back ---
 
 ROUND_TRIP_OPTIONS = (
@@ -83,19 +67,6 @@ ROUND_TRIP_OPTIONS = (
     Option("round_sf", False, help="power-of-two scaling factors"),
     Option("use_e4m3_sf", False, help="E4M3 scaling factors"),
 )
-
-
-def _round_trip_run(inputs, options, target, flavor):
-    x = inputs["x"].to(device_of(target)).clone()
-    per_token_cast_and_cast_back(x, options["fmt"], options["num_per_channels"], options["round_sf"],
-                                 options["use_e4m3_sf"], target=target, flavor=flavor_argument(target, flavor))
-    return (x,)
-
-
-def _round_trip_reference(inputs, options, flavor):
-    return (reference.cast_and_cast_back(inputs["x"], options["fmt"], options["num_per_channels"],
-                                         round_sf=options["round_sf"], use_e4m3_sf=options["use_e4m3_sf"],
-                                         flavor=flavor),)
 
 
 def _round_trip_source(options, target, flavor):
@@ -115,18 +86,6 @@ PER_BLOCK_CAST_OPTIONS = (
     Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
     Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
 )
-_BLOCK_SF_OPTIONS = ("round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf")
-
-
-def _pbc_run(inputs, options, target, flavor):
-    return per_block_cast(inputs["x"].to(device_of(target)), options["fmt"], (options["block_m"], options["block_k"]),
-                          target=target, flavor=flavor_argument(target, flavor),
-                          **{k: options[k] for k in _BLOCK_SF_OPTIONS})
-
-
-def _pbc_reference(inputs, options, flavor):
-    return reference.cast(inputs["x"], options["fmt"], (options["block_m"], options["block_k"]), flavor=flavor,
-                          **{k: options[k] for k in _BLOCK_SF_OPTIONS})
 
 
 def _pbc_source(options, target, flavor):
@@ -149,7 +108,6 @@ LOSSLESS_OPTIONS = (
     Option("use_packed_ue8m0", False, help="packed UE8M0 output scaling factors"),
     Option("use_tma_aligned_col_major_sf", False, help="column-major output scaling factors"),
 )
-_LOSSLESS_SF_OPTIONS = ("use_packed_ue8m0", "use_tma_aligned_col_major_sf")
 
 
 def _lossless_blocks(options):
@@ -162,19 +120,13 @@ def _lossless_inputs(shape, options, seed):
     x = randn(shape, seed)
     floor = x.abs().max() / 2**9 if x.numel() else 0.0
     x = torch.where(x.abs() < floor, torch.copysign(torch.full_like(x, float(floor)), x), x)
-    return {"x": reference.cast(x, "e2m1", _lossless_blocks(options)[0], round_sf=True)}
+    data, sf = reference.cast(x, "e2m1", _lossless_blocks(options)[0], round_sf=True)
+    return {"x_data": data, "x_sf": sf}
 
 
-def _lossless_run(inputs, options, target, flavor):
-    data, sf = (t.to(device_of(target)) for t in inputs["x"])
-    return per_block_cast_lossless((data, sf), "e4m3", *_lossless_blocks(options), round_sf=True, target=target,
-                                   flavor=flavor_argument(target, flavor),
-                                   **{k: options[k] for k in _LOSSLESS_SF_OPTIONS})
-
-
-def _lossless_reference(inputs, options, flavor):
-    return reference_lossless(inputs["x"], "e4m3", *_lossless_blocks(options), round_sf=True, flavor=flavor,
-                              **{k: options[k] for k in _LOSSLESS_SF_OPTIONS})
+def _lossless_arguments(inputs, options, flavor):
+    x_block, out_block = _lossless_blocks(options)
+    return {"fmt": "e4m3", "x_block_size": x_block, "out_block_size": out_block, "round_sf": True}
 
 
 def _lossless_source(options, target, flavor):
@@ -184,10 +136,6 @@ def _lossless_source(options, target, flavor):
     layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"],
                          col_major=options["use_tma_aligned_col_major_sf"], block_k=out_block[1])
     return per_block_cast_lossless_source(make_lossless_spec(in_layout, x_block, layout, out_block), target)
-
-
-def _lossless_nbytes(inputs, outputs) -> int:
-    return sum(t.numel() * t.element_size() for t in (*inputs["x"], *outputs))
 
 
 # Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
@@ -201,8 +149,6 @@ _PARALLEL_TARGETS = {
     "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference (ascend flavor)",
     "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
 }
-
-_compare_data_sf = compare_named(("data", "sf"))
 
 
 _CAST_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
@@ -225,25 +171,8 @@ CAST_BACK_OPTIONS = (
 )
 
 
-def _compare_tensor(output, expected) -> list[str]:
-    return compare_named(("out",))((output,), (expected,))
-
-
-def _cast_nbytes(inputs, output) -> int:
-    return sum(t.numel() * t.element_size() for t in (inputs["x"], output))
-
-
 def _cast_inputs(shape, options, seed):
     return {"x": randn(shape, seed, torch.float32).to(_CAST_DTYPES[options["in_dtype"]])}
-
-
-def _cast_run(inputs, options, target, flavor):
-    return cast(inputs["x"].to(device_of(target)), _CAST_DTYPES[options["dtype"]], options["stochastic_rounding"],
-                target=target, flavor=flavor_argument(target, flavor))
-
-
-def _cast_reference(inputs, options, flavor):
-    return elementwise.cast(inputs["x"], _CAST_DTYPES[options["dtype"]], options["stochastic_rounding"])
 
 
 def _cast_source(options, target, flavor):
@@ -263,18 +192,13 @@ def _cast_back_inputs(shape, options, seed):
             for flavor in ("ascend", "cuda")}
 
 
-def _cast_back_run(inputs, options, target, flavor):
-    data, sf = (t.to(device_of(target)) for t in inputs[resolve_flavor(target, flavor_argument(target, flavor)).name])
-    return cast_back((data, sf), options["fmt"], _cast_back_block(options), target=target,
-                     flavor=flavor_argument(target, flavor))
+def _cast_back_arguments(inputs, options, flavor):
+    data, sf = inputs[flavor]
+    return {"x_data": data, "x_sf": sf, "x_block_size": _cast_back_block(options)}
 
 
-def _cast_back_reference(inputs, options, flavor):
-    return reference.cast_back(inputs[flavor], options["fmt"], _cast_back_block(options), flavor=flavor)
-
-
-def _cast_back_nbytes(inputs, output) -> int:
-    return sum(t.numel() * t.element_size() for t in (*inputs["ascend"], output))
+def _cast_back_nbytes(inputs, outputs) -> int:
+    return sum(t.numel() * t.element_size() for t in (*inputs["ascend"], *outputs))
 
 
 def _cast_back_source(options, target, flavor):
@@ -286,8 +210,8 @@ def _cast_back_source(options, target, flavor):
 
 
 OPS = [
-    OpInfo(
-        name="per_token_cast",
+    kernel_op_entry(
+        PER_TOKEN_CAST,
         family="quant",
         summary="per-token FP8 (E4M3) / FP4 (E2M1) quantization with per-group scaling factors",
         default_shape=(1024, 4096),
@@ -295,14 +219,10 @@ OPS = [
         options=PER_TOKEN_CAST_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_ptc_inputs,
-        run=_ptc_run,
-        reference=_ptc_reference,
-        check=_compare_data_sf,
         source=_ptc_source,
-        nbytes=_nbytes,
     ),
-    OpInfo(
-        name="per_token_cast_and_cast_back",
+    kernel_op_entry(
+        PER_TOKEN_CAST_AND_CAST_BACK,
         family="quant",
         summary="in-place per-token FP8/FP4 quantize-dequantize round trip (quantization noise)",
         default_shape=(1024, 4096),
@@ -310,14 +230,11 @@ OPS = [
         options=ROUND_TRIP_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_ptc_inputs,
-        run=_round_trip_run,
-        reference=_round_trip_reference,
-        check=compare_named(("x",)),
         source=_round_trip_source,
-        nbytes=lambda inputs, outputs: 2 * inputs["x"].numel() * inputs["x"].element_size(),
     ),
-    OpInfo(
-        name="per_block_cast",
+    kernel_op_entry(
+        PER_BLOCK_CAST,
+        arguments=lambda inputs, options, flavor: {"block_size": (options["block_m"], options["block_k"])},
         family="quant",
         summary="per-block (bm x bk) FP8 (E4M3) / FP4 (E2M1) quantization with block scaling factors",
         default_shape=(1024, 4096),
@@ -325,14 +242,11 @@ OPS = [
         options=PER_BLOCK_CAST_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_ptc_inputs,
-        run=_pbc_run,
-        reference=_pbc_reference,
-        check=_compare_data_sf,
         source=_pbc_source,
-        nbytes=_nbytes,
     ),
-    OpInfo(
-        name="per_block_cast_lossless",
+    kernel_op_entry(
+        PER_BLOCK_CAST_LOSSLESS,
+        arguments=_lossless_arguments,
         family="quant",
         summary="exact FP4 -> E4M3 re-quantization to larger scaling blocks",
         default_shape=(1024, 4096),
@@ -340,14 +254,11 @@ OPS = [
         options=LOSSLESS_OPTIONS,
         targets=_PARALLEL_TARGETS,
         make_inputs=_lossless_inputs,
-        run=_lossless_run,
-        reference=_lossless_reference,
-        check=_compare_data_sf,
         source=_lossless_source,
-        nbytes=_lossless_nbytes,
     ),
-    OpInfo(
-        name="cast",
+    kernel_op_entry(
+        CAST,
+        arguments=lambda inputs, options, flavor: {"dtype": _CAST_DTYPES[options["dtype"]]},
         family="quant",
         summary="elementwise fp32 / bf16 / E4M3 conversion, optionally with stochastic rounding",
         default_shape=(1024, 4096),
@@ -361,14 +272,12 @@ OPS = [
             "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
         },
         make_inputs=_cast_inputs,
-        run=_cast_run,
-        reference=_cast_reference,
-        check=_compare_tensor,
         source=_cast_source,
-        nbytes=_cast_nbytes,
     ),
-    OpInfo(
-        name="cast_back",
+    kernel_op_entry(
+        CAST_BACK,
+        arguments=_cast_back_arguments,
+        nbytes=_cast_back_nbytes,
         family="quant",
         summary="dequantization of E4M3 / FP4 data with block scaling factors to bf16 / fp32",
         default_shape=(1024, 4096),
@@ -381,11 +290,7 @@ OPS = [
             "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
         },
         make_inputs=_cast_back_inputs,
-        run=_cast_back_run,
-        reference=_cast_back_reference,
-        check=_compare_tensor,
         source=_cast_back_source,
-        nbytes=_cast_back_nbytes,
         aliases=("per_token_cast_back",),
     ),
 ]

@@ -201,7 +201,7 @@ def cast_baseline(op, options):
 
     def run(inputs, flavor, rows):
         x = inputs["x"]
-        return in_row_chunks(lambda a, b: x[a:b].to(dtype, copy=True), x.shape[0], rows)
+        return (in_row_chunks(lambda a, b: x[a:b].to(dtype, copy=True), x.shape[0], rows),)
     return Baseline(run, f"torch ops: x.to({str(dtype).removeprefix('torch.')})")
 
 
@@ -241,7 +241,7 @@ def cast_back_baseline(op, options):
         grid = _decode_sf(sf, -(-m // bm), -(-k // bk), bk, get_flavor(flavor))
         if rows is not None and rows % bm:
             rows = None
-        return in_row_chunks(lambda a, b: one(data[a:b], grid[a // bm:-(-b // bm)]), m, rows)
+        return (in_row_chunks(lambda a, b: one(data[a:b], grid[a // bm:-(-b // bm)]), m, rows),)
     return Baseline(run, f"torch ops: data{'.float()' if x_fmt == 'e4m3' else ' via a byte->values table'} "
                          f"* sf broadcast over ({bm}, {bk}) blocks, .to({out})")
 
@@ -267,7 +267,7 @@ def lossless_baseline(op, options):
         return y.to(torch.float8_e4m3fn).view(m, k), (e_out << 23).view(torch.float32)
 
     def run(inputs, flavor, rows):
-        data, sf = inputs["x"]
+        data, sf = inputs["x_data"], inputs["x_sf"]
         if data.shape[0] % obm or (2 * data.shape[1]) % obk:
             raise ValueError(f"the baseline needs rows and columns that are multiples of the block {(obm, obk)}")
         out, sf_out = in_row_chunks(lambda a, b: one(data[a:b], sf[a // xbm:b // xbm]), data.shape[0], rows)
