@@ -124,6 +124,10 @@ class KernelOp:
         if name in KERNEL_OPS:
             raise ValueError(f"op {name} is declared twice")
         self._define()
+        # The overloads ``torch.ops.vmi.<name>.default`` and ``.out`` (None without preallocated outputs).
+        packet = getattr(getattr(torch.ops, NAMESPACE), name)
+        self.default = packet.default
+        self.out = packet.out if outs else None
         if autograd is not None:
             backward, setup_context = autograd
             torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=_LIBRARY)
@@ -181,16 +185,6 @@ class KernelOp:
 
         _LIBRARY.impl(f"{self.name}.out", kernel_out, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{self.qualname}.out", fake_out, lib=_LIBRARY)
-
-    @property
-    def default(self):
-        """``torch.ops.vmi.<name>.default``."""
-        return getattr(getattr(torch.ops, NAMESPACE), self.name).default
-
-    @property
-    def out(self):
-        """``torch.ops.vmi.<name>.out`` (ops that take preallocated outputs)."""
-        return getattr(getattr(torch.ops, NAMESPACE), self.name).out
 
     def check_types(self, args: tuple) -> None:
         for param, value in zip(self.params, args, strict=False):
