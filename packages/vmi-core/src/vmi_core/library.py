@@ -118,6 +118,7 @@ class KernelOp:
             raise ValueError(f"{name}: one preallocated output per returned tensor")
         self.name = name
         self.params = tuple(params)
+        self._accepts = tuple((p, _KINDS[p.kind][0]) for p in self.params)
         self.returns = tuple(returns)
         self.outs = tuple(outs)
         self.run = run
@@ -187,8 +188,9 @@ class KernelOp:
         torch.library.register_fake(f"{self.qualname}.out", fake_out, lib=_LIBRARY)
 
     def check_types(self, args: tuple) -> None:
-        for param, value in zip(self.params, args, strict=False):
-            param.check(value, self.name)
+        for (param, accepts), value in zip(self._accepts, args, strict=False):
+            if not accepts(value) and not (value is None and param.optional):
+                param.check(value, self.name)
         for param in self.params[len(args):]:
             if not param.has_default:
                 raise TypeError(f"{self.name}: missing argument {param.name}")
