@@ -119,12 +119,54 @@ def moe_topk_gate_autograd(logits: torch.Tensor, num_topk: int, use_shared_as_ro
                            to_physical_map: torch.Tensor | None = None, logical_count: torch.Tensor | None = None,
                            unmapped_topk_idx: torch.Tensor | None = None, force_random: torch.Tensor | None = None,
                            *, num_sequences: int | None = None, target: str | None = None,
-                           flavor: str | None = None):
+                           flavor: str | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gate with autograd: ``(topk_idx, topk_weights)``, plus ``scores_sum`` with ``num_sequences``.
 
-    Arguments as ``moe_topk_gate_forward`` (``scoring_func`` must be ``"sqrtsoftplus"``);
-    ``num_sequences`` must divide the token count. ``topk_weights`` (and ``scores_sum``)
-    are differentiable with respect to ``logits``.
+    Routes like ``moe_topk_gate_forward``; ``topk_weights`` (and ``scores_sum``) are
+    differentiable with respect to ``logits``, their backward being
+    ``moe_topk_gate_backward``. Shared-expert slots have no gradient.
+
+    Args:
+        logits: As ``moe_topk_gate_forward``.
+        num_topk: As ``moe_topk_gate_forward``.
+        use_shared_as_routed: As ``moe_topk_gate_forward``.
+        num_shared_experts: As ``moe_topk_gate_forward``.
+        routed_scaling_factor: As ``moe_topk_gate_forward``.
+        ep_rank: As ``moe_topk_gate_forward``.
+        scoring_func: Must be ``"sqrtsoftplus"``.
+        mask: As ``moe_topk_gate_forward``.
+        bias: As ``moe_topk_gate_forward``.
+        image_bias: As ``moe_topk_gate_forward``.
+        image_token_mask: As ``moe_topk_gate_forward``.
+        fix_routing_mask: As ``moe_topk_gate_forward``.
+        to_physical_map: As ``moe_topk_gate_forward``.
+        logical_count: As ``moe_topk_gate_forward``.
+        unmapped_topk_idx: As ``moe_topk_gate_forward``: the fixed experts of
+            ``fix_routing_mask`` tokens; receives the logical routed experts.
+        force_random: As ``moe_topk_gate_forward``.
+        num_sequences: Optional number of sequences ``Nseq >= 1`` dividing ``T`` (``T / Nseq``
+            consecutive tokens each): also return ``scores_sum``.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of logits's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+
+    Returns:
+        ``(topk_idx, topk_weights)`` as ``moe_topk_gate_forward`` returns them (int64 and fp32
+        ``[T, P]``), and with ``num_sequences`` also ``scores_sum``, fp32 ``[Nseq, E]``: per
+        sequence, the sum over routed tokens (``mask`` True, ``force_random`` False) of
+        ``u / sum(u)``.
+
+    Raises:
+        TypeError: ``num_sequences`` is neither an int nor None; otherwise as
+            ``moe_topk_gate_forward``.
+        ValueError: ``scoring_func`` is not ``"sqrtsoftplus"``; ``num_sequences`` is < 1 or
+            does not divide ``T``; otherwise as ``moe_topk_gate_forward`` (the data errors
+            after the kernel ran included).
     """
     if scoring_func != "sqrtsoftplus":
         raise ValueError(f"moe_topk_gate_autograd: scoring_func must be 'sqrtsoftplus', got {scoring_func!r}")

@@ -226,9 +226,9 @@ def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_rou
                           out: tuple[torch.Tensor, torch.Tensor] | None = None, scores: torch.Tensor | None = None,
                           *, target: str | None = None,
                           flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Route each token to ``num_topk`` experts: ``(topk_idx int64 [T, P], topk_weights fp32 [T, P])``.
+    """Route each token to ``num_topk`` experts (plus shared ones) with the sqrt-softplus gate.
 
-    ``logits``: contiguous fp32 ``[T, E]``. Scores ``u = sqrt(softplus(logits))``; experts
+    Scores ``u = sqrt(softplus(logits))``; experts
     are ranked by ``u + bias`` (``image_bias`` for tokens flagged in ``image_token_mask``),
     descending, equal keys by ascending expert; the bias does not enter the weights
     ``fl(fl(u / D) * routed_scaling_factor)`` with ``D = sum(u_sel) + 1e-20`` (flavor's
@@ -244,9 +244,74 @@ def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_rou
     With ``to_physical_map [E + S, Dup]`` / ``logical_count [E + S]`` every logical id
     becomes replica ``(ep_rank + token * 23333) mod count`` of its row.
 
-    Non-finite logits of routed tokens, fixed experts outside ``[0, E)`` and replica
-    counts outside ``[1, Dup]`` raise ``ValueError`` after the kernel ran; ``out``,
-    ``scores`` and ``unmapped_topk_idx`` are then left as they were.
+    Args:
+        logits: Contiguous fp32 ``[T, E]``, ``E >= 1``.
+        num_topk: Routed experts per token, ``1 <= num_topk <= min(E, 32)``.
+        use_shared_as_routed: Append ``num_shared_experts`` shared-expert slots to every token.
+        num_shared_experts: ``S``, 1 or 2 with ``use_shared_as_routed`` (an int >= 0, ignored,
+            without).
+        routed_scaling_factor: Multiplier of the routed weights (any real number).
+        ep_rank: Expert-parallel rank in ``[0, 2^31 - 1]``; enters the replica choice and the
+            force-random draws.
+        scoring_func: Must be ``"sqrtsoftplus"``.
+        mask: Optional bool, one element per token (any shape with ``T`` elements, contiguous):
+            False pads the token (ids -1, weights +0.0).
+        bias: Optional contiguous fp32 ``[E]`` added to the scores for ranking only.
+        image_bias: Optional contiguous fp32 ``[E]``, used instead of ``bias`` for the tokens
+            flagged in ``image_token_mask``; given together with it.
+        image_token_mask: Optional per-token bool (``T`` elements, contiguous); given together
+            with ``image_bias``.
+        fix_routing_mask: Optional per-token bool (``T`` elements, contiguous): True takes the
+            experts in ``unmapped_topk_idx`` (needs it).
+        to_physical_map: Optional contiguous int32 ``[E + S, Dup]`` (``Dup >= 1``) of replica
+            ids per logical expert; given together with ``logical_count``.
+        logical_count: Optional contiguous int32 ``[E + S]``: replicas per logical expert,
+            each in ``[1, Dup]``.
+        unmapped_topk_idx: Optional int64 ``[T, num_topk]`` (unit column stride,
+            non-overlapping rows, row stride < 2^31): read as the fixed experts of
+            ``fix_routing_mask`` tokens, then written with the logical routed experts.
+        force_random: Optional per-token bool (``T`` elements, contiguous): True routes the
+            token at random.
+        out: Optional preallocated ``(topk_idx, topk_weights)``: contiguous int64 and fp32
+            ``[T, P]``.
+        scores: Optional contiguous fp32 ``[T, E]`` that receives ``u``.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of logits's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+            The flavor gives the summation order of ``D`` and its quotient check.
+
+    Returns:
+        topk_idx: int64 ``[T, P]`` (physical ids with ``to_physical_map``, else logical);
+            ``out[0]`` when given.
+        topk_weights: fp32 ``[T, P]``; ``out[1]`` when given.
+
+    Raises:
+        TypeError: A tensor argument is not a tensor or has the wrong dtype (``logits``,
+            ``bias`` and ``image_bias`` fp32; the per-token masks bool; ``to_physical_map`` and
+            ``logical_count`` int32; ``unmapped_topk_idx`` int64; ``out`` int64/fp32; ``scores``
+            fp32); ``num_topk``, ``num_shared_experts`` or ``ep_rank`` is not an int;
+            ``use_shared_as_routed`` is not a bool; ``routed_scaling_factor`` is not a real
+            number; ``out`` is not a 2-tuple.
+        ValueError: Before any kernel: ``scoring_func`` is not ``"sqrtsoftplus"``; ``logits``
+            is not 2-D or not contiguous or has no expert column; ``num_topk``,
+            ``num_shared_experts`` or ``ep_rank`` is out of range; a tensor has the wrong shape
+            or element count, stride or device; ``image_bias``/``image_token_mask`` or
+            ``to_physical_map``/``logical_count`` is given without the other;
+            ``fix_routing_mask`` without ``unmapped_topk_idx``; ``out``, ``scores`` or
+            ``unmapped_topk_idx`` overlaps another output or an input.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of logits, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
+        ValueError: After the kernel ran (the reference ``"torch"`` raises the same before
+            writing): non-finite logits of routed tokens, fixed experts outside ``[0, E)``,
+            replica counts outside ``[1, Dup]``, or force-random routing with fewer physical
+            experts than slots; ``out``, ``scores`` and ``unmapped_topk_idx`` are then left as
+            they were.
     """
     return MOE_TOPK_GATE_FORWARD(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
                                  ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
@@ -254,6 +319,24 @@ def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_rou
                                  target=target, flavor=flavor)
 
 
-def moe_topk_gate(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """``moe_topk_gate_forward`` under its compatibility name (same arguments)."""
-    return moe_topk_gate_forward(*args, **kwargs)
+def moe_topk_gate(logits: torch.Tensor, num_topk: int, use_shared_as_routed: bool, num_shared_experts: int,
+                  routed_scaling_factor: float, ep_rank: int, scoring_func: str = "sqrtsoftplus",
+                  mask: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                  image_bias: torch.Tensor | None = None, image_token_mask: torch.Tensor | None = None,
+                  fix_routing_mask: torch.Tensor | None = None, to_physical_map: torch.Tensor | None = None,
+                  logical_count: torch.Tensor | None = None, unmapped_topk_idx: torch.Tensor | None = None,
+                  force_random: torch.Tensor | None = None,
+                  out: tuple[torch.Tensor, torch.Tensor] | None = None, scores: torch.Tensor | None = None,
+                  *, target: str | None = None,
+                  flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_topk_gate_forward`` under its TileKernels compatibility name.
+
+    Same arguments, returns and errors as ``moe_topk_gate_forward``, which it calls.
+
+    Returns:
+        ``(topk_idx, topk_weights)``, as ``moe_topk_gate_forward`` returns them.
+    """
+    return moe_topk_gate_forward(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
+                                 ep_rank, scoring_func, mask, bias, image_bias, image_token_mask, fix_routing_mask,
+                                 to_physical_map, logical_count, unmapped_topk_idx, force_random, out, scores,
+                                 target=target, flavor=flavor)

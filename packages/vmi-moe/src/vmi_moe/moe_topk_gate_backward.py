@@ -123,20 +123,56 @@ def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_we
                            scoring_func: str = "sqrtsoftplus", mask: torch.Tensor | None = None,
                            grad_scores_sum: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
                            target: str | None = None, flavor: str | None = None) -> torch.Tensor:
-    """``grad_logits`` (fp32 ``[T, E]``) of the gate's routed weights and auxiliary statistic.
-
-    ``scores``: the forward's ``u = sqrt(softplus(logits))`` (contiguous fp32 ``[T, E]``);
-    ``topk_idx``: the *logical routed* experts (int64 ``[T, K]``, -1 for unused slots; the
-    forward's ``unmapped_topk_idx``, not physical or shared ids); ``topk_weights``: the
-    forward's first ``K`` weight columns; ``grad_topk_weights``: their upstream gradient.
+    """The gradient of the gate's routed weights and auxiliary statistic with respect to its logits.
 
     Route term per valid slot: ``(s * g_j - <g, w>) / (sum(u_sel) + 1e-20)``, accumulated
-    per expert (fixed-routing duplicates add up). With ``mask`` (bool ``[T]``) and
-    ``grad_scores_sum`` (fp32 ``[Nseq, E]``, the gradient of the per-sequence sums of
-    ``u / sum(u)`` over tokens with ``mask`` True), sequences are ``T / Nseq`` consecutive
-    tokens and each token adds ``(h - <h, u> / U) / U`` with its own sequence's ``h``.
+    per expert (fixed-routing duplicates add up). With ``mask`` and ``grad_scores_sum``
+    (the gradient of the per-sequence sums of ``u / sum(u)`` over tokens with ``mask``
+    True), sequences are ``T / Nseq`` consecutive tokens and each token adds
+    ``(h - <h, u> / U) / U`` with its own sequence's ``h``.
     Everything is multiplied by ``d sqrt(softplus(x)) / dx`` computed from ``u``; padded
     tokens (ids -1, scores 0) get +0.0.
+
+    Args:
+        scores: The forward's ``u = sqrt(softplus(logits))``, contiguous fp32 ``[T, E]``.
+        topk_idx: The *logical routed* experts, int64 ``[T, K]`` with
+            ``1 <= K <= min(E, 32)``, unit column stride (any row stride), -1 for unused slots
+            (the forward's ``unmapped_topk_idx``, not physical or shared ids).
+        topk_weights: The forward's first ``K`` weight columns, contiguous fp32 ``[T, K]``.
+        grad_topk_weights: Their upstream gradient, contiguous fp32 ``[T, K]``.
+        routed_scaling_factor: The forward's ``routed_scaling_factor`` (any real number).
+        scoring_func: Must be ``"sqrtsoftplus"``.
+        mask: Optional contiguous bool ``[T]``, the tokens of the auxiliary statistic; given
+            together with ``grad_scores_sum``.
+        grad_scores_sum: Optional contiguous fp32 ``[Nseq, E]``, ``Nseq >= 1`` dividing
+            ``T``; given together with ``mask``.
+        out: Optional preallocated contiguous fp32 ``[T, E]``; must not overlap an input.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of scores's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+            The flavor gives the evaluation order of the auxiliary term.
+
+    Returns:
+        ``grad_logits``, fp32 ``[T, E]`` (contiguous, new, or ``out`` when given).
+
+    Raises:
+        TypeError: A tensor argument is not a tensor or has the wrong dtype;
+            ``routed_scaling_factor`` is not a real number.
+        ValueError: Before any kernel: ``scoring_func`` is not ``"sqrtsoftplus"``; ``scores``
+            is not 2-D or not contiguous or has no expert column; a tensor has the wrong shape,
+            stride or device; ``K`` is out of range; ``mask`` and ``grad_scores_sum`` are not
+            given together, or ``Nseq`` does not divide ``T``; ``out`` overlaps an input.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of scores, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
+        ValueError: After the kernel ran (the reference ``"torch"`` raises the same before
+            computing): ``topk_idx`` holds an id outside ``[0, E)`` other than -1; ``out`` is
+            then left as it was.
     """
     return MOE_TOPK_GATE_BACKWARD(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
                                   scoring_func, mask, grad_scores_sum, out=None if out is None else (out,),

@@ -220,10 +220,26 @@ def launch(call, target: str) -> None:
     launch_rows(target, run, num_tokens, align=spec.block_m)
 
 
-def moe_topk_gate_backward_parallel(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
-                                    scoring_func="sqrtsoftplus", mask=None, grad_scores_sum=None, out=None, *,
-                                    target: str | None = None, flavor: str | None = None):
-    """``moe_topk_gate_backward`` that always runs the parallel kernel (same arguments)."""
+def moe_topk_gate_backward_parallel(scores: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                                    grad_topk_weights: torch.Tensor, routed_scaling_factor: float,
+                                    scoring_func: str = "sqrtsoftplus", mask: torch.Tensor | None = None,
+                                    grad_scores_sum: torch.Tensor | None = None, out: torch.Tensor | None = None, *,
+                                    target: str | None = None, flavor: str | None = None) -> torch.Tensor:
+    """``moe_topk_gate_backward`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``moe_topk_gate_backward``, except for ``target``.
+
+    Args:
+        target: As for ``moe_topk_gate_backward``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta scores): this entry point always
+            runs the kernel.
+
+    Returns:
+        ``grad_logits``, as ``moe_topk_gate_backward`` returns it.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``moe_topk_gate_backward`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .moe_topk_gate_backward import moe_topk_gate_backward
 

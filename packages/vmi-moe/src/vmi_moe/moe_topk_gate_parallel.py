@@ -393,12 +393,34 @@ def launch(call, target: str) -> None:
     launch_rows(target, run, num_tokens, align=spec.block_m)
 
 
-def moe_topk_gate_forward_parallel(logits, num_topk, use_shared_as_routed, num_shared_experts, routed_scaling_factor,
-                                   ep_rank, scoring_func="sqrtsoftplus", mask=None, bias=None, image_bias=None,
-                                   image_token_mask=None, fix_routing_mask=None, to_physical_map=None,
-                                   logical_count=None, unmapped_topk_idx=None, force_random=None, out=None,
-                                   scores=None, *, target: str | None = None, flavor: str | None = None):
-    """``moe_topk_gate_forward`` that always runs the parallel kernel (same arguments)."""
+def moe_topk_gate_forward_parallel(logits: torch.Tensor, num_topk: int, use_shared_as_routed: bool,
+                                   num_shared_experts: int, routed_scaling_factor: float, ep_rank: int,
+                                   scoring_func: str = "sqrtsoftplus", mask: torch.Tensor | None = None,
+                                   bias: torch.Tensor | None = None, image_bias: torch.Tensor | None = None,
+                                   image_token_mask: torch.Tensor | None = None,
+                                   fix_routing_mask: torch.Tensor | None = None,
+                                   to_physical_map: torch.Tensor | None = None,
+                                   logical_count: torch.Tensor | None = None,
+                                   unmapped_topk_idx: torch.Tensor | None = None,
+                                   force_random: torch.Tensor | None = None,
+                                   out: tuple[torch.Tensor, torch.Tensor] | None = None,
+                                   scores: torch.Tensor | None = None, *, target: str | None = None,
+                                   flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_topk_gate_forward`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``moe_topk_gate_forward``, except for ``target``.
+
+    Args:
+        target: As for ``moe_topk_gate_forward``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta logits): this entry point always
+            runs the kernel.
+
+    Returns:
+        ``(topk_idx, topk_weights)``, as ``moe_topk_gate_forward`` returns them.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``moe_topk_gate_forward`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .moe_topk_gate import moe_topk_gate_forward
 

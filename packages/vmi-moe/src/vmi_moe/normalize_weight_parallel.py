@@ -18,6 +18,7 @@ flavor's summation order. The row count is a runtime value: one compiled kernel 
 from dataclasses import dataclass
 
 import tilelang.language as T
+import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
@@ -99,8 +100,23 @@ def launch(call, target: str) -> None:
     launch_rows(target, run, num_rows, align=BLOCK_M, min_rows=4 * BLOCK_M)
 
 
-def normalize_weight_parallel(topk_weights, *, target: str | None = None, flavor: str | None = None):
-    """``normalize_weight`` that always runs the parallel kernel (same arguments)."""
+def normalize_weight_parallel(topk_weights: torch.Tensor, *, target: str | None = None,
+                              flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``normalize_weight`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``normalize_weight``, except for ``target``.
+
+    Args:
+        target: As for ``normalize_weight``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta topk_weights): this entry point always
+            runs the kernel.
+
+    Returns:
+        ``(denominator, normalized)``, as ``normalize_weight`` returns them.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``normalize_weight`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .normalize_weight import normalize_weight
 

@@ -56,11 +56,34 @@ TOPK_GATE = KernelOp("topk_gate", (Param("scores", "Tensor"), Param("num_topk", 
 
 def topk_gate(scores: torch.Tensor, num_topk: int, *, target: str | None = None,
               flavor: str | None = None) -> torch.Tensor:
-    """Indices (int64 ``[T, num_topk]``) of each row's ``num_topk`` largest scores.
+    """Indices of each row's ``num_topk`` largest scores.
 
-    ``scores``: contiguous fp32 ``[T, E]``; ``1 <= num_topk <= min(E, 32)``. Rank order:
-    descending score, equal scores by ascending index. Every score of every row must be
-    finite: NaN and +-inf (-inf too; exclude an expert with a very negative finite
-    score) raise ``ValueError`` after the kernel ran.
+    Rank order: descending score, equal scores by ascending index. Every score of every row
+    must be finite: NaN and +-inf (-inf too; exclude an expert with a very negative finite
+    score) raise ``ValueError`` after the kernel ran (the reference ``"torch"`` checks before
+    it computes).
+
+    Args:
+        scores: Contiguous fp32 ``[T, E]``, ``E >= 1``.
+        num_topk: Experts per row, ``1 <= num_topk <= min(E, 32)``.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of scores's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"``; checked like every op's (only
+            choosable on ``cpu`` and ``torch``) but no bit of ``topk_gate`` depends on it.
+
+    Returns:
+        New int64 ``[T, num_topk]`` expert indices, best first.
+
+    Raises:
+        TypeError: ``scores`` is not an fp32 tensor; ``num_topk`` is not an int.
+        ValueError: ``scores`` is not 2-D or not contiguous, or has no expert column;
+            ``num_topk`` is outside ``[1, min(E, 32)]``.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of scores, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
+        ValueError: After the kernel ran: ``scores`` holds a NaN or an infinity.
     """
     return TOPK_GATE(scores, num_topk, target=target, flavor=flavor)

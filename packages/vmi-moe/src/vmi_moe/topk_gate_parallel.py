@@ -125,8 +125,23 @@ def launch(call, target: str) -> None:
     launch_rows(target, run, call.scores.shape[0], align=spec.block_m)
 
 
-def topk_gate_parallel(scores, num_topk, *, target: str | None = None, flavor: str | None = None):
-    """``topk_gate`` that always runs the parallel kernel (same arguments)."""
+def topk_gate_parallel(scores: torch.Tensor, num_topk: int, *, target: str | None = None,
+                       flavor: str | None = None) -> torch.Tensor:
+    """``topk_gate`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``topk_gate``, except for ``target``.
+
+    Args:
+        target: As for ``topk_gate``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta scores): this entry point always
+            runs the kernel.
+
+    Returns:
+        The int64 ``[T, num_topk]`` indices, as ``topk_gate`` returns them.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``topk_gate`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .topk_gate import topk_gate
 

@@ -74,11 +74,36 @@ CAST = KernelOp("cast", (Param("x", "Tensor"), Param("dtype", "ScalarType"),
 
 def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False, *, target: str | None = None,
          flavor: str | None = None) -> torch.Tensor:
-    """``x`` (contiguous fp32/bf16/float8_e4m3fn, any shape) converted to ``dtype``.
+    """``x`` converted elementwise to ``dtype``.
 
     Round to nearest even; E4M3 saturates to +-448 (infinities too) and keeps NaN.
-    ``stochastic_rounding`` (fp32 -> bf16, fp32 -> E4M3, bf16 -> E4M3; ``x.numel() % 4
-    == 0``) rounds with vmi-core's hash-based rule, the counter of each quad of four
-    elements being its index in the flattened tensor: same input, same bits.
+    ``stochastic_rounding`` rounds with vmi-core's hash-based rule, the counter of each quad
+    of four elements being its index in the flattened tensor: same input, same bits.
+
+    Args:
+        x: Contiguous tensor of any shape: float32, bfloat16 or float8_e4m3fn.
+        dtype: Output dtype: ``torch.float32``, ``torch.bfloat16`` or ``torch.float8_e4m3fn``.
+        stochastic_rounding: Round stochastically; only fp32 -> bf16, fp32 -> E4M3 and
+            bf16 -> E4M3, with ``x.numel() % 4 == 0``.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"``; checked like every op's
+            (only choosable on ``cpu`` and ``torch``) but no bit of a cast depends on it.
+
+    Returns:
+        A new contiguous tensor of ``dtype`` with the shape of ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a tensor; ``x.dtype`` or ``dtype`` is not one of the three
+            dtypes (or ``dtype`` is not a ``torch.dtype``); ``stochastic_rounding`` is not a
+            bool.
+        ValueError: ``x`` is not contiguous; ``stochastic_rounding`` for an unsupported
+            dtype pair or with ``x.numel() % 4 != 0``.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of x, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
     """
     return CAST(x, dtype, stochastic_rounding, target=target, flavor=flavor)

@@ -83,19 +83,68 @@ def _split(x) -> tuple:
     return x
 
 
-def cast_back(x, fmt: str, x_block_size, x_special_fmt=None, *, target: str | None = None,
+def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int],
+              x_special_fmt: str | None = None, *, target: str | None = None,
               flavor: str | None = None) -> torch.Tensor:
-    """Dequantize ``x = (data, sf)`` to ``fmt`` (``"bf16"`` or ``"fp32"``); returns ``(M, K)``.
+    """Dequantize ``x = (data, sf)`` to ``fmt``: ``out = convert(fl32(float(q) * sf))``.
 
-    ``data``: E4M3 ``(M, K)`` or FP4 int8 ``(M, K/2)`` (``K % 64 == 0``); ``sf``: fp32,
-    E4M3 or the flavor's packed UE8M0 words over ``x_block_size = (bm, bk)`` blocks,
-    row- or column-major (row-major when ``bk == 1``; packed along tokens then).
+    The SF kind and layout are taken from the SF tensor's dtype and strides.
+
+    Args:
+        x: ``(data, sf)``: E4M3 ``(M, K)`` or packed FP4 int8 ``(M, K/2)`` data
+            (``K % 64 == 0``, unit inner stride, rows may be padded), and an fp32, E4M3 or
+            packed UE8M0 (the flavor's int16/int32 words) SF over ``x_block_size`` blocks:
+            ``(ceil(M/bm), ceil(K/bk))`` values, row- or column-major (row-major when
+            ``bk == 1``; packed words then pack along the tokens, else along the channels).
+        fmt: Output format, ``"bf16"`` or ``"fp32"``.
+        x_block_size: ``(bm, bk)``, the block of one SF value (positive ints).
+        x_special_fmt: Must be None (no special input format is supported).
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of the data's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+
+    Returns:
+        A new contiguous ``(M, K)`` tensor, bfloat16 (rounded to nearest even) or float32.
+
+    Raises:
+        TypeError: ``x`` is not a tuple; ``fmt`` is not a str; the data is not a tensor or not
+            float8_e4m3fn/int8; the SF is not a tensor or not float32, float8_e4m3fn or the
+            flavor's packed UE8M0 word.
+        ValueError: ``x`` is not a 2-tuple; ``fmt`` is not ``"bf16"``/``"fp32"``;
+            ``x_special_fmt`` is not None; the data is not 2-D, has a non-unit inner stride or
+            overlapping rows, or is too large for 32-bit kernel offsets; ``K`` is not a
+            multiple of 64; the SF has the wrong shape, is neither row- nor column-major, or
+            is column-major with ``bk == 1``, or on another device than the data.
+        ValueError: ``x_block_size`` is not a tuple of two positive ints.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of the data, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
     """
     return CAST_BACK(*_split(x), fmt, x_block_size, x_special_fmt, target=target, flavor=flavor)
 
 
-def per_token_cast_back(x, fmt: str, num_per_channels: int, x_special_fmt=None, *, target: str | None = None,
+def per_token_cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_channels: int,
+                        x_special_fmt: str | None = None, *, target: str | None = None,
                         flavor: str | None = None) -> torch.Tensor:
-    """``cast_back(x, fmt, (1, num_per_channels), x_special_fmt)``."""
+    """``cast_back(x, fmt, (1, num_per_channels), x_special_fmt)``: the inverse of ``per_token_cast``.
+
+    Same arguments as ``cast_back`` except ``num_per_channels`` for ``x_block_size``.
+
+    Args:
+        num_per_channels: Channels per SF value (the SF block is ``(1, num_per_channels)``);
+            any int in ``[1, 2^31 - 1]``.
+
+    Returns:
+        The ``(M, K)`` bf16 or fp32 tensor ``cast_back`` returns.
+
+    Raises:
+        TypeError: ``num_per_channels`` is not an int; otherwise as ``cast_back``.
+        ValueError: ``num_per_channels`` is out of range; otherwise as ``cast_back``.
+    """
     check_num_per_channels(num_per_channels)
     return cast_back(x, fmt, (1, num_per_channels), x_special_fmt, target=target, flavor=flavor)

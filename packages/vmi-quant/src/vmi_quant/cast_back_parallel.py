@@ -210,9 +210,24 @@ def launch(call, target: str) -> None:
                 min_rows=MIN_ROWS_PER_THREAD * pieces)
 
 
-def cast_back_parallel(x, fmt: str, x_block_size, x_special_fmt=None, *, target: str | None = None,
-                       flavor: str | None = None):
-    """``cast_back`` that always runs the parallel kernel (same arguments)."""
+def cast_back_parallel(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int],
+                       x_special_fmt: str | None = None, *, target: str | None = None,
+                       flavor: str | None = None) -> torch.Tensor:
+    """``cast_back`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``cast_back``, except for ``target``.
+
+    Args:
+        target: As for ``cast_back``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta data): this entry point always
+            runs the kernel.
+
+    Returns:
+        The dequantized tensor, as ``cast_back`` returns it.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``cast_back`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .cast_back import cast_back
 
@@ -220,9 +235,24 @@ def cast_back_parallel(x, fmt: str, x_block_size, x_special_fmt=None, *, target:
     return cast_back(x, fmt, x_block_size, x_special_fmt, target=target, flavor=flavor)
 
 
-def per_token_cast_back_parallel(x, fmt: str, num_per_channels: int, x_special_fmt=None, *,
-                                 target: str | None = None, flavor: str | None = None):
-    """``per_token_cast_back`` that always runs the parallel kernel (same arguments)."""
+def per_token_cast_back_parallel(x: tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_channels: int,
+                                 x_special_fmt: str | None = None, *, target: str | None = None,
+                                 flavor: str | None = None) -> torch.Tensor:
+    """``per_token_cast_back`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``per_token_cast_back``, except for ``target``.
+
+    Args:
+        target: As for ``per_token_cast_back``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta data): this entry point always
+            runs the kernel.
+
+    Returns:
+        The dequantized tensor, as ``per_token_cast_back`` returns it.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``per_token_cast_back`` raises.
+    """
     from .cast_back import per_token_cast_back
 
     require_kernel("per_token_cast_back_parallel", x[0] if isinstance(x, tuple) and x else x, target)

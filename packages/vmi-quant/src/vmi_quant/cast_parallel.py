@@ -23,6 +23,7 @@ chunk the quad index it starts at, the stochastic-rounding counter, mod 2^32.
 from dataclasses import dataclass
 
 import tilelang.language as T
+import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
@@ -207,8 +208,23 @@ def launch(call, target: str) -> None:
     launch_rows(target, run, n, align=BLOCK, min_rows=16 * BLOCK)
 
 
-def cast_parallel(x, dtype, stochastic_rounding=False, *, target: str | None = None, flavor: str | None = None):
-    """``cast`` that always runs the parallel kernel (same arguments)."""
+def cast_parallel(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False, *,
+                  target: str | None = None, flavor: str | None = None) -> torch.Tensor:
+    """``cast`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``cast``, except for ``target``.
+
+    Args:
+        target: As for ``cast``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta x): this entry point always
+            runs the kernel.
+
+    Returns:
+        The converted tensor, as ``cast`` returns it.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``cast`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .cast import cast
 

@@ -24,12 +24,42 @@ def validate_quant_fmt(fmt: str) -> None:
 
 
 def get_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool = False) -> float:
-    """The lower clamp applied to every block amax of ``fmt`` (a Python float; used as fp32)."""
+    """The lower clamp applied to every block amax of ``fmt`` (a Python float; used as fp32).
+
+    Args:
+        fmt: Output format of the quantization, ``"e4m3"`` or ``"e2m1"``.
+        use_e4m3_sf: The clamp for E4M3 scaling factors (``use_e4m3_sf=True`` of the ops)
+            rather than fp32 or power-of-two ones (taken as a truth value).
+
+    Returns:
+        The clamp currently set for ``(fmt, use_e4m3_sf)``.
+
+    Raises:
+        ValueError: ``fmt`` is not ``"e4m3"`` or ``"e2m1"``.
+    """
     validate_quant_fmt(fmt)
     return _amax_clamp[(fmt, bool(use_e4m3_sf))]
 
 
 def set_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool, value: float) -> None:
+    """Set the lower clamp applied to every block amax of ``fmt`` (process-wide).
+
+    Every later call of ``per_token_cast``, ``per_block_cast``, their variants and
+    ``per_token_cast_and_cast_back`` with this format and SF kind reads the new value when it
+    builds its kernel specialisation (a new value compiles a new kernel).
+    ``reset_runtime_config`` restores the defaults.
+
+    Args:
+        fmt: Output format of the quantization, ``"e4m3"`` or ``"e2m1"``.
+        use_e4m3_sf: Set the clamp for E4M3 scaling factors (``use_e4m3_sf=True`` of the ops)
+            rather than fp32 or power-of-two ones (taken as a truth value).
+        value: The new clamp, a positive number (converted with ``float``; used as fp32).
+
+    Raises:
+        ValueError: ``fmt`` is not ``"e4m3"`` or ``"e2m1"``; ``value`` is not positive (NaN
+            included), or is a string ``float`` cannot parse.
+        TypeError: ``float(value)`` refuses ``value`` (e.g. None).
+    """
     validate_quant_fmt(fmt)
     value = float(value)
     if not value > 0.0:

@@ -177,32 +177,110 @@ PER_BLOCK_CAST_WITH_PRECOMPUTED_SF = KernelOp(
     _run_precomputed_sf, outs=("out",))
 
 
-def per_block_cast(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
-                   use_packed_ue8m0=False, out=None, *, target: str | None = None, flavor: str | None = None):
-    """Quantize ``x`` with one scaling factor per ``block_size = (bm, bk)`` block; returns ``(data, sf)``.
+def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_tma_aligned_col_major_sf: bool = False,
+                   round_sf: bool = False, use_packed_ue8m0: bool = False,
+                   out: tuple[torch.Tensor | None, torch.Tensor | None] | None = None, *,
+                   target: str | None = None, flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` with one scaling factor per ``block_size = (bm, bk)`` block.
 
-    ``x``: bf16/fp32 ``(M, K)`` with M and K multiples of 128 (the row stride may exceed K);
-    ``bm, bk`` in {32, 128}; ``fmt``: ``"e4m3"`` or ``"e2m1"``. ``out``: optional
-    preallocated ``(data, sf)``. The SF grid ``(M/bm, K/bk)`` is fp32, or packed UE8M0 words
-    (``use_packed_ue8m0``, needs ``round_sf``), row-major or TMA-aligned column-major.
+    Each ``bm x bk`` block gets one scaling factor (SF) from its amax (clamped from below,
+    see ``set_amax_clamp_for_quant``); the data are ``cast(x * sf_inv)``.
+
+    Args:
+        x: bf16/fp32 ``(M, K)`` with ``M`` and ``K`` multiples of 128, unit stride along
+            ``K`` (the row stride may exceed ``K``). Not a ``(data, sf)`` tuple.
+        fmt: Output format, ``"e4m3"`` or ``"e2m1"`` (FP4).
+        block_size: ``(bm, bk)``, each 32 or 128.
+        use_tma_aligned_col_major_sf: Return the SF as a column-major view, its storage rows
+            padded as the flavor pads them (to 16 bytes for ``cuda``, unpadded for ``ascend``).
+        round_sf: Round each scale up to a power of two.
+        use_packed_ue8m0: Return the SF as packed UE8M0 exponent bytes in the flavor's words
+            (needs ``round_sf``).
+        out: Optional preallocated ``(data, sf)``, either entry None to allocate it; shapes,
+            dtypes and SF layout as returned (rows may be padded). Must not share memory with
+            ``x`` or with each other.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+
+    Returns:
+        data: ``torch.float8_e4m3fn`` ``(M, K)`` for ``"e4m3"``, or ``torch.int8`` ``(M, K/2)``
+            with two FP4 codes per byte (even channel in the low nibble) for ``"e2m1"``.
+        sf: The ``(M/bm, K/bk)`` grid: float32, or packed UE8M0 (``use_packed_ue8m0``) of
+            shape ``(M/bm, ceil(K/bk / P))`` packed along the channels, int16 words of
+            ``P = 2`` (``ascend`` flavor) or int32 words of ``P = 4`` (``cuda`` flavor).
+            Row-major, or a column-major view with ``use_tma_aligned_col_major_sf``. With
+            ``out``, the given tensors.
+
+    Raises:
+        TypeError: ``x`` is not a tensor (a ``(data, sf)`` tuple included) or not bf16/fp32;
+            ``fmt`` is not a str; a flag is not a bool; an ``out`` entry has the wrong dtype;
+            ``out`` is not a 2-tuple.
+        ValueError: ``fmt`` is not ``"e4m3"``/``"e2m1"``; ``block_size`` is not a tuple of two
+            ints in (32, 128); ``use_packed_ue8m0`` without ``round_sf``; ``x`` is not 2-D, has
+            a non-unit stride along ``K`` or overlapping rows, is too large for 32-bit kernel
+            offsets, or ``M`` or ``K`` is not a multiple of 128; an ``out`` entry has the
+            wrong shape or device, or outputs overlap each other or ``x``.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of x, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
     """
     return PER_BLOCK_CAST(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out=out,
                           target=target, flavor=flavor)
 
 
-def per_block_cast_with_sf_only(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
-                                use_packed_ue8m0=False, out_sf=None, *, target: str | None = None,
-                                flavor: str | None = None):
-    """Only the SF ``per_block_cast`` would return (no data is written)."""
+def per_block_cast_with_sf_only(x: torch.Tensor, fmt: str, block_size: tuple[int, int],
+                                use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                use_packed_ue8m0: bool = False, out_sf: torch.Tensor | None = None, *,
+                                target: str | None = None, flavor: str | None = None) -> torch.Tensor:
+    """Only the SF ``per_block_cast`` would return (no data is written).
+
+    Same arguments as ``per_block_cast`` except that the SF output is ``out_sf``.
+
+    Args:
+        out_sf: Optional preallocated SF in the layout the flags give (shape and dtype as
+            returned; must not overlap ``x``).
+
+    Returns:
+        The SF of ``per_block_cast`` with the same flags (``out_sf`` when given).
+
+    Raises:
+        TypeError: As ``per_block_cast``.
+        ValueError: As ``per_block_cast``.
+    """
     return PER_BLOCK_CAST_WITH_SF_ONLY(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                                        out=None if out_sf is None else (out_sf,), target=target, flavor=flavor)
 
 
-def per_block_cast_with_precomputed_sf(x, fmt: str, block_size, sf, use_tma_aligned_col_major_sf=False,
-                                       round_sf=False, use_packed_ue8m0=False, out=None, *,
-                                       target: str | None = None, flavor: str | None = None):
-    """Quantize with a given row-major fp32 ``sf`` of shape ``(M/bm, K/bk)``: ``q = cast(x * (1 / sf))``;
-    returns data."""
+def per_block_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, block_size: tuple[int, int], sf: torch.Tensor,
+                                       use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                       use_packed_ue8m0: bool = False, out: torch.Tensor | None = None, *,
+                                       target: str | None = None, flavor: str | None = None) -> torch.Tensor:
+    """Quantize with a given SF: ``q = cast(x * (1 / sf))``; returns the data only.
+
+    Same arguments as ``per_block_cast`` except that the SF is an input and ``out`` is the
+    data alone. ``round_sf`` does not change the result (the given SF is used as is).
+
+    Args:
+        sf: Row-major float32 ``(M/bm, K/bk)`` SF on ``x``'s device.
+        use_tma_aligned_col_major_sf: Must be False (a precomputed SF is row-major).
+        use_packed_ue8m0: Must be False (a precomputed SF is unpacked).
+        out: Optional preallocated data, shape and dtype as returned (rows may be padded).
+
+    Returns:
+        The data, as ``per_block_cast`` returns them (``out`` when given).
+
+    Raises:
+        TypeError: ``sf`` is not a float32 tensor; otherwise as ``per_block_cast``.
+        ValueError: ``use_packed_ue8m0`` or ``use_tma_aligned_col_major_sf`` is True; ``sf``
+            has the wrong shape or device or is not row-major; ``out`` overlaps ``x`` or
+            ``sf``; otherwise as ``per_block_cast``.
+    """
     return PER_BLOCK_CAST_WITH_PRECOMPUTED_SF(x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf,
                                               use_packed_ue8m0, out=None if out is None else (out,), target=target,
                                               flavor=flavor)

@@ -118,22 +118,67 @@ PER_BLOCK_CAST_LOSSLESS = KernelOp(
     ("data", "sf"), _run)
 
 
-def per_block_cast_lossless(x, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False,
-                            round_sf=False, use_packed_ue8m0=False, *, target: str | None = None,
-                            flavor: str | None = None):
-    """Re-quantize FP4 ``x = (data, sf)`` (blocks ``x_block_size``, power-of-two SF) to E4M3 with blocks
-    ``out_block_size``, exactly; returns ``(data, sf)``.
+def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int],
+                            out_block_size: tuple[int, int], use_tma_aligned_col_major_sf: bool = False,
+                            round_sf: bool = False, use_packed_ue8m0: bool = False, *, target: str | None = None,
+                            flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-quantize FP4 ``x = (data, sf)`` to E4M3 with larger blocks, exactly.
 
-    ``data``: int8 packed FP4 ``(M, K/2)`` with M and K multiples of 128; ``sf``: fp32 powers of
-    two or packed UE8M0, any layout. Block dims are powers of two up to 128 and the output
-    block is a multiple of the input block. ``fmt`` must be ``"e4m3"``. The output SF is fp32
-    or packed UE8M0 (``use_packed_ue8m0``, needs ``round_sf``), row- or column-major.
+    Every dequantized value is kept: each output block gets one power-of-two scale, and its
+    FP4 values are rescaled into E4M3 without rounding.
 
     Only the exponent bits of an fp32 ``sf`` are used, so every element must be a positive normal
     power of two (2^-126 .. 2^127, what UE8M0 bytes 1..254 decode to); any other value (a
     mantissa, a sign, 0.0, a subnormal, inf, NaN) raises ValueError naming ``x sf`` before any
     kernel runs (a one-pass check on the SF tensor).
-    Raises ValueError when an output block's input exponents span more than 11 binades.
+
+    Args:
+        x: ``(data, sf)``: packed FP4 int8 ``(M, K/2)`` data with ``M`` and ``K`` multiples of
+            128 (unit inner stride, rows may be padded), and a float32 (powers of two) or
+            packed UE8M0 (the flavor's words) SF over ``x_block_size`` blocks,
+            ``(ceil(M/bm), ceil(K/bk))`` values, row- or column-major.
+        fmt: Output format; must be ``"e4m3"``.
+        x_block_size: ``(bm, bk)`` of the input SF, powers of two up to 128.
+        out_block_size: ``(bm, bk)`` of the output SF, powers of two up to 128, each a multiple
+            of the matching ``x_block_size`` entry.
+        use_tma_aligned_col_major_sf: Return the SF as a column-major view (storage padded as
+            the flavor pads it); not with an SF packed along tokens.
+        round_sf: Required by ``use_packed_ue8m0``; the output scales are powers of two either
+            way.
+        use_packed_ue8m0: Return the SF as packed UE8M0 exponent bytes in the flavor's words.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of the data's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+
+    Returns:
+        data: New ``torch.float8_e4m3fn`` ``(M, K)``.
+        sf: The ``(ceil(M/bm), ceil(K/bk))`` output grid (``out_block_size``): float32 powers
+            of two, or packed UE8M0 (``use_packed_ue8m0``): int16 words of 2 (``ascend``
+            flavor) or int32 words of 4 (``cuda`` flavor), packed along the channels (along
+            the tokens when ``bk == 1``). Row-major, or a column-major view with
+            ``use_tma_aligned_col_major_sf``.
+
+    Raises:
+        TypeError: ``x`` is not a 2-tuple; ``fmt`` is not a str; the data is not int8; the SF
+            is not a tensor, is float8_e4m3fn, or is not float32 or the flavor's UE8M0 word;
+            a flag is not a bool.
+        ValueError: Before any kernel: ``fmt`` is not ``"e4m3"``; a block size is not a tuple
+            of two powers of two in [1, 128], or ``out_block_size`` is not a multiple of
+            ``x_block_size``; ``use_packed_ue8m0`` without ``round_sf``; packed, column-major
+            and ``out_block_size[1] == 1``; the data is not 2-D, has a non-unit inner stride or
+            overlapping rows, is too large for 32-bit kernel offsets, or ``M`` or ``K`` is not
+            a multiple of 128; the SF has the wrong shape, layout or device, or an fp32 SF
+            holds a value that is not a positive normal power of two.
+        ValueError: After the kernel ran: ``x`` is not losslessly representable (the SF
+            exponents inside one output block span more than 11 binades).
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of the data, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
     """
     if not isinstance(x, tuple) or len(x) != 2:
         raise TypeError("x must be a quantized (data, sf) tuple with int8 (packed FP4) data")

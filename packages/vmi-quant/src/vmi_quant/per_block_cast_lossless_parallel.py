@@ -205,10 +205,26 @@ def launch(call, target: str) -> bool:
     return int(status.item()) == 0
 
 
-def per_block_cast_lossless_parallel(x, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False,
-                                     round_sf=False, use_packed_ue8m0=False, *, target: str | None = None,
-                                     flavor: str | None = None):
-    """``per_block_cast_lossless`` that always runs the parallel kernel (same arguments)."""
+def per_block_cast_lossless_parallel(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int],
+                                     out_block_size: tuple[int, int], use_tma_aligned_col_major_sf: bool = False,
+                                     round_sf: bool = False, use_packed_ue8m0: bool = False, *,
+                                     target: str | None = None,
+                                     flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``per_block_cast_lossless`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``per_block_cast_lossless``, except for ``target``.
+
+    Args:
+        target: As for ``per_block_cast_lossless``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta data): this entry point always
+            runs the kernel.
+
+    Returns:
+        ``(data, sf)``, as ``per_block_cast_lossless`` returns them.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``per_block_cast_lossless`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .per_block_cast_lossless import per_block_cast_lossless
 

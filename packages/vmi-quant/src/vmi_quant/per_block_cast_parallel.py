@@ -21,6 +21,7 @@ the SF read or written at computed addresses runs in a SIMT region.
 from dataclasses import dataclass
 
 import tilelang.language as T
+import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
@@ -195,10 +196,27 @@ def launch(call, target: str) -> None:
     launch_rows(target, run, num_tokens, align=ALIGN)
 
 
-def per_block_cast_parallel(x, fmt: str, block_size, use_tma_aligned_col_major_sf=False, round_sf=False,
-                            use_packed_ue8m0=False, out=None, *, target: str | None = None,
-                            flavor: str | None = None):
-    """``per_block_cast`` that always runs the parallel kernel (same arguments)."""
+def per_block_cast_parallel(x: torch.Tensor, fmt: str, block_size: tuple[int, int],
+                            use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                            use_packed_ue8m0: bool = False,
+                            out: tuple[torch.Tensor | None, torch.Tensor | None] | None = None, *,
+                            target: str | None = None,
+                            flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``per_block_cast`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``per_block_cast``, except for ``target``.
+
+    Args:
+        target: As for ``per_block_cast``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta x): this entry point always
+            runs the kernel.
+
+    Returns:
+        ``(data, sf)``, as ``per_block_cast`` returns them.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``per_block_cast`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .per_block_cast import per_block_cast
 

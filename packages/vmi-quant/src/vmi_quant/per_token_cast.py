@@ -186,36 +186,139 @@ PER_TOKEN_CAST_WITH_PRECOMPUTED_SF = KernelOp(
     _run_precomputed_sf, outs=("out",))
 
 
-def per_token_cast(x, fmt: str, num_per_channels: int, x_block_size=None, use_tma_aligned_col_major_sf=False,
-                   round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, stochastic_cast=False, out=None,
-                   *, target: str | None = None, flavor: str | None = None):
-    """Quantize every token in groups of ``num_per_channels`` channels; returns ``(data, sf)``.
+def per_token_cast(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_channels: int,
+                   x_block_size: tuple[int, int] | None = None, use_tma_aligned_col_major_sf: bool = False,
+                   round_sf: bool = False, use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False,
+                   stochastic_cast: bool = False,
+                   out: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+                   *, target: str | None = None, flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize every token (row) in groups of ``num_per_channels`` channels.
 
-    ``x``: bf16/fp32 ``(M, K)`` (row stride may exceed K), or a pre-quantized
-    ``(data, sf)`` tuple (E4M3 ``(M, K)`` or FP4 int8 ``(M, K/2)`` data) with
-    ``x_block_size``. ``fmt``: ``"e4m3"`` or ``"e2m1"``. ``out``: optional
-    preallocated ``(data, sf)``. The SF is fp32, E4M3 (``use_e4m3_sf``), or packed
-    UE8M0 words (``use_packed_ue8m0``, needs ``round_sf``), row-major or TMA-aligned
-    column-major.
+    Each group of ``num_per_channels`` consecutive channels of a token gets one scaling factor
+    (SF) from its amax (clamped from below, see ``set_amax_clamp_for_quant``); the data are
+    ``cast(x * sf_inv)``.
+    A pre-quantized input is dequantized with its own SF first (in the flavor's
+    multiplication order).
+
+    Args:
+        x: bf16/fp32 ``(M, K)`` with ``K`` a multiple of 64 and unit stride along ``K`` (the
+            row stride may exceed ``K``), or a pre-quantized ``(data, sf)`` tuple: E4M3
+            ``(M, K)`` or packed FP4 int8 ``(M, K/2)`` data with an fp32, E4M3 or packed UE8M0
+            SF (the flavor's word) over ``x_block_size`` blocks, row- or column-major.
+        fmt: Output format, ``"e4m3"`` or ``"e2m1"`` (FP4).
+        num_per_channels: Channels per group: 16, 32, 64 or 128.
+        x_block_size: ``(bm, bk)`` block of a pre-quantized ``x``'s SF (positive ints); None
+            for a plain ``x``.
+        use_tma_aligned_col_major_sf: Return the SF as a column-major view (strides
+            ``(1, M')``), its storage rows padded as the flavor pads them (``M'``: ``M`` rounded
+            up to 16 bytes for ``cuda``, unpadded for ``ascend``).
+        round_sf: Round each scale up to a power of two.
+        use_packed_ue8m0: Return the SF as packed UE8M0 exponent bytes in the flavor's words
+            (needs ``round_sf``).
+        use_e4m3_sf: Store the SF as E4M3 (exclusive with ``round_sf``).
+        stochastic_cast: Round the data stochastically (vmi-core's hash-based rule).
+        out: Optional preallocated ``(data, sf)``, either entry None to allocate it; shapes,
+            dtypes and SF layout as returned (rows may be padded). Must not share memory with
+            ``x`` or with each other.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+
+    Returns:
+        data: ``torch.float8_e4m3fn`` ``(M, K)`` for ``"e4m3"``, or ``torch.int8`` ``(M, K/2)``
+            with two FP4 codes per byte (even channel in the low nibble) for ``"e2m1"``.
+        sf: The ``(M, ceil(K / num_per_channels))`` grid: float32, ``float8_e4m3fn``
+            (``use_e4m3_sf``), or packed UE8M0 (``use_packed_ue8m0``) of shape
+            ``(M, ceil(ceil(K / num_per_channels) / P))`` packed along the channels, int16 words
+            of ``P = 2`` (``ascend`` flavor) or int32 words of ``P = 4`` (``cuda`` flavor).
+            Row-major, or a column-major view with ``use_tma_aligned_col_major_sf``. With
+            ``out``, the given tensors.
+
+    Raises:
+        TypeError: ``x`` is not a tensor or a ``(data, sf)`` tuple; ``fmt`` is not a str; a
+            flag is not a bool; ``num_per_channels`` is not an int; a tensor (``x``, its data
+            or SF, an ``out`` entry) has the wrong dtype; ``out`` is not a 2-tuple.
+        ValueError: ``fmt`` is not ``"e4m3"``/``"e2m1"``; ``num_per_channels`` is not 16, 32,
+            64 or 128; ``x_block_size`` is missing for a tuple ``x``, given for a plain one, or
+            not a tuple of two positive ints; ``x``'s SF has the wrong shape or layout;
+            ``use_packed_ue8m0`` without ``round_sf``, or ``round_sf`` with ``use_e4m3_sf``;
+            an ``out`` entry has the wrong shape or device, or outputs overlap each other or
+            ``x``.
+        ValueError: ``x`` (or its data) is not 2-D, has a non-unit stride along the hidden
+            dim or overlapping rows, or is too large for 32-bit kernel offsets; ``K`` is not a
+            multiple of 64.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of x, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
     """
     return PER_TOKEN_CAST(*split_quantized(x), fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                           round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out=out, target=target,
                           flavor=flavor)
 
 
-def per_token_cast_with_sf_only(x, fmt: str, num_per_channels: int, use_tma_aligned_col_major_sf=False,
-                                round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, out_sf=None,
-                                *, target: str | None = None, flavor: str | None = None):
-    """Only the SF ``per_token_cast`` would return (no data is written)."""
+def per_token_cast_with_sf_only(x: torch.Tensor, fmt: str, num_per_channels: int,
+                                use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False,
+                                out_sf: torch.Tensor | None = None,
+                                *, target: str | None = None, flavor: str | None = None) -> torch.Tensor:
+    """Only the SF ``per_token_cast`` would return (no data is written).
+
+    Same arguments as ``per_token_cast`` except that ``x`` must be a plain tensor (no
+    ``x_block_size``, no ``stochastic_cast``) and the SF output is ``out_sf``.
+
+    Args:
+        x: bf16/fp32 ``(M, K)``, ``K`` a multiple of 64, unit stride along ``K`` (not a
+            ``(data, sf)`` tuple).
+        out_sf: Optional preallocated SF in the layout the flags give (shape and dtype as
+            returned; must not overlap ``x``).
+
+    Returns:
+        The SF of ``per_token_cast`` with the same flags (``out_sf`` when given).
+
+    Raises:
+        TypeError: As ``per_token_cast``.
+        ValueError: ``x`` is a ``(data, sf)`` tuple; otherwise as ``per_token_cast``.
+    """
     return PER_TOKEN_CAST_WITH_SF_ONLY(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf,
                                        use_packed_ue8m0, use_e4m3_sf, out=None if out_sf is None else (out_sf,),
                                        target=target, flavor=flavor)
 
 
-def per_token_cast_with_precomputed_sf(x, fmt: str, num_per_channels: int, sf, use_tma_aligned_col_major_sf=False,
-                                       round_sf=False, use_packed_ue8m0=False, use_e4m3_sf=False, out=None,
-                                       *, target: str | None = None, flavor: str | None = None):
-    """Quantize with a given row-major fp32 (or E4M3) ``sf``: ``q = cast(x * (1 / sf))``; returns data."""
+def per_token_cast_with_precomputed_sf(x: torch.Tensor, fmt: str, num_per_channels: int, sf: torch.Tensor,
+                                       use_tma_aligned_col_major_sf: bool = False, round_sf: bool = False,
+                                       use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False,
+                                       out: torch.Tensor | None = None,
+                                       *, target: str | None = None, flavor: str | None = None) -> torch.Tensor:
+    """Quantize with a given SF: ``q = cast(x * (1 / sf))``; returns the data only.
+
+    Same arguments as ``per_token_cast`` except that ``x`` must be a plain tensor, the SF is
+    an input, and ``out`` is the data alone.
+
+    Args:
+        x: bf16/fp32 ``(M, K)``, ``K`` a multiple of 64, unit stride along ``K`` (not a
+            ``(data, sf)`` tuple).
+        sf: Row-major ``(M, ceil(K / num_per_channels))`` SF: float32, or ``float8_e4m3fn``
+            with ``use_e4m3_sf``; on ``x``'s device.
+        use_tma_aligned_col_major_sf: Must be False (a precomputed SF is row-major).
+        use_packed_ue8m0: Must be False (a precomputed SF is unpacked).
+        use_e4m3_sf: Whether ``sf`` is E4M3 (else float32).
+        out: Optional preallocated data, shape and dtype as returned (rows may be padded).
+
+    Returns:
+        The data, as ``per_token_cast`` returns them (``out`` when given).
+
+    Raises:
+        TypeError: ``sf`` is not a tensor, or its dtype does not match ``use_e4m3_sf``;
+            otherwise as ``per_token_cast``.
+        ValueError: ``x`` is a ``(data, sf)`` tuple; ``use_packed_ue8m0`` or
+            ``use_tma_aligned_col_major_sf`` is True; ``sf`` has the wrong shape, layout or
+            device; ``out`` overlaps ``x`` or ``sf``; otherwise as ``per_token_cast``.
+    """
     return PER_TOKEN_CAST_WITH_PRECOMPUTED_SF(x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf,
                                               use_packed_ue8m0, use_e4m3_sf, out=None if out is None else (out,),
                                               target=target, flavor=flavor)

@@ -82,17 +82,50 @@ PER_TOKEN_CAST_AND_CAST_BACK = KernelOp(
     (), _run)
 
 
-def per_token_cast_and_cast_back(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,
+def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False,
+                                 use_e4m3_sf: bool = False,
                                  *, target: str | None = None, flavor: str | None = None) -> None:
     """Quantize every token in groups of ``num_per_channels`` channels and dequantize it back, in place.
 
-    ``x``: bf16/fp32 ``(M, K)``, unit inner stride (the row stride may exceed K), with
-    ``K`` a multiple of 64 and of ``num_per_channels`` ∈ {16, 32, 64, 128}. ``fmt``:
-    ``"e4m3"`` or ``"e2m1"``. The scale per group is fp32, E4M3 (``use_e4m3_sf``) or a
-    power of two (``round_sf``). Returns None.
+    The scale per group is fp32, E4M3 (``use_e4m3_sf``) or a power of two (``round_sf``),
+    computed as ``per_token_cast`` computes it; ``x`` is overwritten with
+    ``dequantize(quantize(x))`` in its own dtype.
 
     Like torch's in-place ops, it bumps ``x``'s version counter (a backward that saved ``x``
     then raises) and, with grad mode on, refuses an ``x`` that requires grad (it has no
     derivative): call it under ``torch.no_grad()``.
+
+    Args:
+        x: bf16/fp32 ``(M, K)``, unit stride along ``K`` (the row stride may exceed ``K``),
+            ``K`` a multiple of 64 and of ``num_per_channels``; rewritten in place, so no two
+            of its elements may share memory.
+        fmt: Format of the round trip, ``"e4m3"`` or ``"e2m1"`` (FP4).
+        num_per_channels: Channels per group: 16, 32, 64 or 128.
+        round_sf: Round each scale up to a power of two.
+        use_e4m3_sf: Round each scale to E4M3 (exclusive with ``round_sf``).
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+
+    Returns:
+        None; ``x`` holds the round-tripped values.
+
+    Raises:
+        TypeError: ``x`` is not a tensor or not bf16/fp32; ``fmt`` is not a str; a flag is
+            not a bool; ``num_per_channels`` is not an int.
+        ValueError: ``fmt`` is not ``"e4m3"``/``"e2m1"``; ``num_per_channels`` is not 16, 32,
+            64 or 128; ``round_sf`` with ``use_e4m3_sf``; ``x`` is not 2-D, has a non-unit
+            stride along ``K``, overlapping rows or elements sharing memory, or is too large
+            for 32-bit kernel offsets; ``K`` is not a multiple of 64 and of
+            ``num_per_channels``.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of x, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
+        RuntimeError: Grad mode is on and ``x`` requires grad.
     """
     PER_TOKEN_CAST_AND_CAST_BACK(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target=target, flavor=flavor)

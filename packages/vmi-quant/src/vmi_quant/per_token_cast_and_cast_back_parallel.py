@@ -18,6 +18,7 @@ Phases 2-4 run as explicit vector code on Ascend (one SIMD region, ``vmi_core.tl
 from dataclasses import dataclass
 
 import tilelang.language as T
+import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
@@ -140,9 +141,25 @@ def launch(call, target: str) -> None:
     launch_rows(target, run, bits.shape[0], align=BLOCK_M, min_rows=MIN_ROWS_PER_THREAD * pieces)
 
 
-def per_token_cast_and_cast_back_parallel(x, fmt: str, num_per_channels: int, round_sf=False, use_e4m3_sf=False,
-                                          *, target: str | None = None, flavor: str | None = None):
-    """``per_token_cast_and_cast_back`` that always runs the parallel kernel (same arguments)."""
+def per_token_cast_and_cast_back_parallel(x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False,
+                                          use_e4m3_sf: bool = False,
+                                          *, target: str | None = None, flavor: str | None = None) -> None:
+    """``per_token_cast_and_cast_back`` that always runs the parallel kernel.
+
+    Same arguments, effect and errors as ``per_token_cast_and_cast_back``, except for
+    ``target``.
+
+    Args:
+        target: As for ``per_token_cast_and_cast_back``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta x): this entry point always
+            runs the kernel.
+
+    Returns:
+        None; ``x`` holds the round-tripped values.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``per_token_cast_and_cast_back`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
 

@@ -340,11 +340,28 @@ def launch(call, target: str) -> None:
     launch_rows(target, run, num_tokens, align=math.lcm(align, BLOCK_M), min_rows=MIN_ROWS_PER_THREAD * pieces)
 
 
-def per_token_cast_parallel(x, fmt: str, num_per_channels: int, x_block_size=None,
-                            use_tma_aligned_col_major_sf=False, round_sf=False, use_packed_ue8m0=False,
-                            use_e4m3_sf=False, stochastic_cast=False, out=None, *, target: str | None = None,
-                            flavor: str | None = None):
-    """``per_token_cast`` that always runs the parallel kernel (same arguments)."""
+def per_token_cast_parallel(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_channels: int,
+                            x_block_size: tuple[int, int] | None = None, use_tma_aligned_col_major_sf: bool = False,
+                            round_sf: bool = False, use_packed_ue8m0: bool = False, use_e4m3_sf: bool = False,
+                            stochastic_cast: bool = False,
+                            out: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+                            *, target: str | None = None,
+                            flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``per_token_cast`` that always runs the parallel kernel.
+
+    Same arguments, returns and errors as ``per_token_cast``, except for ``target``.
+
+    Args:
+        target: As for ``per_token_cast``, except that the reference ``"torch"`` is refused (also when
+            it comes from ``$VMI_TARGET`` or from a meta x): this entry point always
+            runs the kernel.
+
+    Returns:
+        ``(data, sf)``, as ``per_token_cast`` returns them.
+
+    Raises:
+        ValueError: The target resolves to ``"torch"``; and everything ``per_token_cast`` raises.
+    """
     # The dispatch module imports this one; by call time both are loaded.
     from .per_token_cast import per_token_cast
 
