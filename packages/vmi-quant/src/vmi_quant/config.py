@@ -7,6 +7,8 @@ kernel's compile-time specialisation: changing it builds a new kernel.
 
 from __future__ import annotations
 
+from vmi_core.checks import check_float
+
 FORMATS = ("e4m3", "e2m1")
 
 _DEFAULT_AMAX_CLAMP = {
@@ -41,29 +43,29 @@ def get_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool = False) -> float:
     return _amax_clamp[(fmt, bool(use_e4m3_sf))]
 
 
-def set_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool, value: float) -> None:
+def set_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool, clamp_min_value: float) -> None:
     """Set the lower clamp applied to every block amax of ``fmt`` (process-wide).
 
     Every later call of ``per_token_cast``, ``per_block_cast``, their variants and
     ``per_token_cast_and_cast_back`` with this format and SF kind reads the new value when it
     builds its kernel specialisation (a new value compiles a new kernel).
-    ``reset_runtime_config`` restores the defaults.
+    ``reset_runtime_config`` restores the defaults. The parameter names are TileKernels'.
 
     Args:
         fmt: Output format of the quantization, ``"e4m3"`` or ``"e2m1"``.
         use_e4m3_sf: Set the clamp for E4M3 scaling factors (``use_e4m3_sf=True`` of the ops)
             rather than fp32 or power-of-two ones (taken as a truth value).
-        value: The new clamp, a positive number (converted with ``float``; used as fp32).
+        clamp_min_value: The new clamp: a positive finite number (an int or a float; used as fp32).
 
     Raises:
-        ValueError: ``fmt`` is not ``"e4m3"`` or ``"e2m1"``; ``value`` is not positive (NaN
-            included), or is a string ``float`` cannot parse.
-        TypeError: ``float(value)`` refuses ``value`` (e.g. None).
+        ValueError: ``fmt`` is not ``"e4m3"`` or ``"e2m1"``; ``clamp_min_value`` is not positive
+            or not finite (NaN included).
+        TypeError: ``clamp_min_value`` is not a number (a bool, a string, None).
     """
     validate_quant_fmt(fmt)
-    value = float(value)
+    value = check_float(clamp_min_value, "clamp_min_value", finite=True)
     if not value > 0.0:
-        raise ValueError(f"value must be a positive amax clamp, got {value!r}")
+        raise ValueError(f"clamp_min_value must be a positive amax clamp, got {value!r}")
     _amax_clamp[(fmt, bool(use_e4m3_sf))] = value
 
 

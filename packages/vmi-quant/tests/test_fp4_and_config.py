@@ -1,0 +1,63 @@
+"""``unpack_from_e2m1fn_x2`` against the E2M1 value table written out, and
+``set_amax_clamp_for_quant``'s TileKernels keyword and argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vmi_quant import get_amax_clamp_for_quant, reset_runtime_config, set_amax_clamp_for_quant, unpack_from_e2m1fn_x2
+
+# Nibble -> value: sign bit 3, exponent bits 2..1, mantissa bit 0.
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_every_byte_unpacks_low_nibble_first(dtype, out_dtype):
+    data = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).reshape(2, 128)
+    values = unpack_from_e2m1fn_x2(data, out_dtype)
+    expected = torch.tensor([[E2M1[b & 0xF], E2M1[b >> 4]] for b in range(256)], dtype=torch.float64)
+    assert values.dtype == out_dtype and values.shape == (2, 256)
+    got = values.double().reshape(256, 2)
+    assert torch.equal(got, expected)
+    assert torch.equal(got.signbit(), expected.signbit())  # -0.0 kept
+
+
+def test_strided_and_batched_inputs():
+    data = torch.randint(-128, 128, (3, 4, 10), dtype=torch.int8)
+    view = data[:, :, ::2]
+    assert torch.equal(unpack_from_e2m1fn_x2(view), unpack_from_e2m1fn_x2(view.contiguous()))
+    assert unpack_from_e2m1fn_x2(data[:, :, :0]).shape == (3, 4, 0)
+
+
+@pytest.mark.parametrize(("x", "out_dtype", "error", "match"), [
+    (torch.zeros(4, dtype=torch.int16), torch.float32, TypeError, "x must be int8 or uint8"),
+    ([1, 2], torch.float32, TypeError, "x must be a torch.Tensor"),
+    (torch.zeros((), dtype=torch.int8), torch.float32, ValueError, "0-d"),
+    (torch.zeros(4, dtype=torch.int8), torch.int32, TypeError, "out_dtype must be one of"),
+])
+def test_unpack_bad_arguments(x, out_dtype, error, match):
+    with pytest.raises(error, match=match):
+        unpack_from_e2m1fn_x2(x, out_dtype)
+
+
+def test_amax_clamp_takes_the_tilekernels_keyword():
+    try:
+        set_amax_clamp_for_quant("e4m3", False, clamp_min_value=2e-4)
+        assert get_amax_clamp_for_quant("e4m3") == 2e-4
+        set_amax_clamp_for_quant("e2m1", True, 1)
+        assert get_amax_clamp_for_quant("e2m1", True) == 1.0
+    finally:
+        reset_runtime_config()
+    assert get_amax_clamp_for_quant("e4m3") == 1e-4
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    (0.0, ValueError), (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+    ("1e-4", TypeError), (True, TypeError), (None, TypeError),
+])
+def test_amax_clamp_refuses_bad_values(value, error):
+    with pytest.raises(error, match="clamp_min_value"):
+        set_amax_clamp_for_quant("e4m3", False, value)
+    assert get_amax_clamp_for_quant("e4m3") == 1e-4
