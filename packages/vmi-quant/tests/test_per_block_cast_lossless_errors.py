@@ -29,7 +29,7 @@ XB, OB = (1, 32), (32, 32)
     (lambda: per_block_cast_lossless(QX, "e2m1", XB, OB), ValueError, "fmt must be 'e4m3'"),
     (lambda: per_block_cast_lossless(QX, None, XB, OB), TypeError, "fmt must be a str"),
     (lambda: per_block_cast_lossless(torch.ones(128, 256), "e4m3", XB, OB), TypeError, "x must be a quantized"),
-    (lambda: per_block_cast_lossless((DATA, SF, SF), "e4m3", XB, OB), TypeError, "x must be a quantized"),
+    (lambda: per_block_cast_lossless((DATA, SF, SF), "e4m3", XB, OB), ValueError, "x must be a quantized"),
     (lambda: per_block_cast_lossless((DATA.view(torch.uint8), SF), "e4m3", XB, OB), TypeError, "x data must be int8"),
     (lambda: per_block_cast_lossless((DATA, SF.tolist()), "e4m3", XB, OB), TypeError, "x sf must be a torch.Tensor"),
     (lambda: per_block_cast_lossless((DATA, SF.to(torch.float8_e4m3fn)), "e4m3", XB, OB), TypeError,

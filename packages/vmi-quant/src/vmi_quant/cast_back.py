@@ -17,7 +17,7 @@ from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import cast_back_parallel as parallel
 from . import reference
-from .inputs import decode_input
+from .inputs import decode_input, split_pair
 
 OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -75,14 +75,6 @@ CAST_BACK = KernelOp("cast_back", (Param("x_data", "Tensor"), Param("x_sf", "Ten
                      ("out",), _run)
 
 
-def _split(x) -> tuple:
-    if not isinstance(x, tuple):
-        raise TypeError(f"x must be a quantized (data, sf) tuple, got {type(x).__name__}")
-    if len(x) != 2:
-        raise ValueError(f"x must be a quantized (data, sf) tuple, got a tuple of {len(x)}")
-    return x
-
-
 def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int],
               x_special_fmt: str | None = None, *, target: str | None = None,
               flavor: str | None = None) -> torch.Tensor:
@@ -125,7 +117,7 @@ def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tupl
             device of the data, or ``flavor`` is not the own flavor of ``ascend``,
             ``ascend-sim`` or ``cuda``.
     """
-    return CAST_BACK(*_split(x), fmt, x_block_size, x_special_fmt, target=target, flavor=flavor)
+    return CAST_BACK(*split_pair(x), fmt, x_block_size, x_special_fmt, target=target, flavor=flavor)
 
 
 def per_token_cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_channels: int,

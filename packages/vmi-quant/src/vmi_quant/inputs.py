@@ -53,6 +53,15 @@ def split_quantized(x) -> tuple:
     return x, None
 
 
+def split_pair(x) -> tuple:
+    """``(data, sf)`` of an input that must be quantized (``cast_back``, ``per_block_cast_lossless``)."""
+    if not isinstance(x, tuple):
+        raise TypeError(f"x must be a quantized (data, sf) tuple, got {type(x).__name__}")
+    if len(x) != 2:
+        raise ValueError(f"x must be a quantized (data, sf) tuple, got a tuple of {len(x)}")
+    return x
+
+
 def join_quantized(data: torch.Tensor, sf: torch.Tensor | None):
     """The input as the dispatch code decodes it: a ``(data, sf)`` tuple, or the plain tensor."""
     return data if sf is None else (data, sf)

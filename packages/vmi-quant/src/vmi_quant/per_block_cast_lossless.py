@@ -17,7 +17,7 @@ from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
 from . import per_block_cast_lossless_parallel as parallel
-from .inputs import check_matrix, check_same_device, check_sf_options, logical_cols, sf_layout_of
+from .inputs import check_matrix, check_same_device, check_sf_options, logical_cols, sf_layout_of, split_pair
 from .per_token_cast import SF_FLAGS
 from .reference.lossless import check_power_of_two_sf
 from .reference.lossless import per_block_cast_lossless as reference_lossless
@@ -53,8 +53,6 @@ def _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
         raise TypeError(f"fmt must be a str, got {type(fmt).__name__}")
     if fmt != "e4m3":
         raise ValueError(f"fmt must be 'e4m3' (only FP4 -> E4M3 is lossless), got {fmt!r}")
-    if not isinstance(x, tuple) or len(x) != 2:
-        raise TypeError("x must be a quantized (data, sf) tuple with int8 (packed FP4) data")
     data, in_sf = x
     check_matrix(data, "x data")
     if data.dtype != torch.int8:
@@ -163,16 +161,17 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
             ``use_tma_aligned_col_major_sf``.
 
     Raises:
-        TypeError: ``x`` is not a 2-tuple; ``fmt`` is not a str; the data is not int8; the SF
+        TypeError: ``x`` is not a tuple; ``fmt`` is not a str; the data is not int8; the SF
             is not a tensor, is float8_e4m3fn, or is not float32 or the flavor's UE8M0 word;
             a flag is not a bool.
-        ValueError: Before any kernel: ``fmt`` is not ``"e4m3"``; a block size is not a tuple
-            of two powers of two in [1, 128], or ``out_block_size`` is not a multiple of
-            ``x_block_size``; ``use_packed_ue8m0`` without ``round_sf``; packed, column-major
-            and ``out_block_size[1] == 1``; the data is not 2-D, has a non-unit inner stride or
-            overlapping rows, is too large for 32-bit kernel offsets, or ``M`` or ``K`` is not
-            a multiple of 128; the SF has the wrong shape, layout or device, or an fp32 SF
-            holds a value that is not a positive normal power of two.
+        ValueError: Before any kernel: ``x`` is a tuple of other than two; ``fmt`` is not
+            ``"e4m3"``; a block size is not a tuple of two powers of two in [1, 128], or
+            ``out_block_size`` is not a multiple of ``x_block_size``; ``use_packed_ue8m0``
+            without ``round_sf``; packed, column-major and ``out_block_size[1] == 1``; the data
+            is not 2-D, has a non-unit inner stride or overlapping rows, is too large for 32-bit
+            kernel offsets, or ``M`` or ``K`` is not a multiple of 128; the SF has the wrong
+            shape, layout or device, or an fp32 SF holds a value that is not a positive normal
+            power of two.
         ValueError: After the kernel ran: ``x`` is not losslessly representable (the SF
             exponents inside one output block span more than 11 binades).
         TypeError: ``target`` or ``flavor`` is neither a str nor None.
@@ -180,7 +179,5 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
             device of the data, or ``flavor`` is not the own flavor of ``ascend``,
             ``ascend-sim`` or ``cuda``.
     """
-    if not isinstance(x, tuple) or len(x) != 2:
-        raise TypeError("x must be a quantized (data, sf) tuple with int8 (packed FP4) data")
-    return PER_BLOCK_CAST_LOSSLESS(*x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
-                                   use_packed_ue8m0, target=target, flavor=flavor)
+    return PER_BLOCK_CAST_LOSSLESS(*split_pair(x), fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
+                                   round_sf, use_packed_ue8m0, target=target, flavor=flavor)
