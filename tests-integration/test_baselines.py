@@ -17,6 +17,8 @@ VARIANTS = {
                        ["use_e4m3_sf=true", "num_per_channels=16"], ["stochastic_cast=true"]],
     "per_token_cast_and_cast_back": [["fmt=e2m1", "in_dtype=fp32"], ["round_sf=true"]],
     "per_block_cast": [["fmt=e2m1", "block_m=32", "block_k=32"], ["round_sf=true", "use_packed_ue8m0=true"]],
+    "per_channel_cast": [["num_per_tokens=128", "round_sf=true", "use_packed_ue8m0=true"],
+                         ["in_dtype=e4m3", "num_per_channels=32", "round_sf=true"], ["in_dtype=fp32"]],
     "per_block_cast_lossless": [["use_packed_ue8m0=true", "use_tma_aligned_col_major_sf=true"]],
     "cast": [["in_dtype=bf16", "dtype=e4m3"], ["stochastic_rounding=true"]],
     "cast_back": [["x_fmt=e2m1"], ["round_sf=true", "use_packed_ue8m0=true", "block_m=32", "block_k=1"]],

@@ -43,7 +43,7 @@ class _Recorder(TorchDispatchMode):
 def _registry_call(name: str):
     op = OPS[name]
     options = {o.name: o.default for o in op.options}
-    shape = (128, 256) if name.startswith("per_block") else (12, 256)
+    shape = (128, 256) if name.startswith(("per_block", "per_channel")) else (12, 256)
     inputs = op.make_inputs(shape, options, 0)
     return lambda: op.run(inputs, options, "cpu", None)
 
@@ -85,6 +85,9 @@ VARIANTS = {
     "per_block_cast_with_sf_only": lambda: vmi_quant.per_block_cast_with_sf_only(XB, "e4m3", (128, 128)),
     "per_block_cast_with_precomputed_sf": lambda: vmi_quant.per_block_cast_with_precomputed_sf(
         XB, "e4m3", (128, 128), torch.rand(1, 2) + 0.5),
+    "per_channel_cast-quantized-x": lambda: vmi_quant.per_channel_cast(
+        vmi_quant.per_token_cast(XB, "e4m3", 32, round_sf=True, use_packed_ue8m0=True), "e4m3", 128, round_sf=True,
+        num_per_channels=32, use_packed_ue8m0=True),
     "per_token_cast_and_cast_back-fp32": lambda: vmi_quant.per_token_cast_and_cast_back(X.float(), "e2m1", 16),
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,

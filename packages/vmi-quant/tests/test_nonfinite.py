@@ -26,6 +26,7 @@ from vmi_quant import (
     per_block_cast_lossless,
     per_block_cast_with_precomputed_sf,
     per_block_cast_with_sf_only,
+    per_channel_cast,
     per_token_cast,
     per_token_cast_and_cast_back,
     per_token_cast_with_precomputed_sf,
@@ -421,11 +422,60 @@ def test_per_token_cast_and_cast_back(case):
     _check_cast_and_cast_back(case, "cpu")
 
 
+# --- per_channel_cast -------------------------------------------------------------------------
+
+PCC_SHAPE = (256, 384)
+# (in_dtype, num_per_tokens, sf_mode, flavor): the kernels of pcc_cases.COVERING[0], [2] and [1].
+PCC_CASES = [("bf16", 32, "fp32", "ascend"), ("fp32", 128, "packed", "ascend")]
+
+
+def _check_per_channel_cast(case, target):
+    in_dtype, npt, sf_mode, flavor = case
+    options = _options(sf_mode)
+    del options["use_e4m3_sf"], options["use_tma_aligned_col_major_sf"]
+    x = nonfinite_input(PCC_SHAPE, DTYPES[in_dtype], (npt, 1), seed=npt)
+    label = "-".join(map(str, case)) + f" target={target}"
+    got = per_channel_cast(x, "e4m3", npt, target=target, flavor=None if target == "ascend-sim" else flavor,
+                           **options)
+    expected = per_channel_cast(x, "e4m3", npt, target="torch", flavor=flavor, **options)
+    _assert_same(got, expected, label)
+    assert_policy(x, *got, "e4m3", sf_mode, (npt, 1), flavor, label)
+
+
+@pytest.mark.parametrize("case", PCC_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_per_channel_cast(case):
+    _check_per_channel_cast(case, "cpu")
+
+
+def test_per_channel_cast_quantized_input():
+    # An fp32 input SF holding NaN, ±inf and 0, and E4M3 NaN codes in the data: the dequantized
+    # value q · s_in carries them (the kernel of pcc_cases.COVERING[5]).
+    npc, npt, flavor = 128, 128, "cuda"
+    data, sf_in = reference.cast(randn(PCC_SHAPE, 12), "e4m3", (1, npc), round_sf=True, flavor=flavor)
+    specials = (0x7FC00000, 0x7F800000, 0xFF800000, 0, 0xFFC12345)
+    sf_bits = sf_in.view(torch.int32)
+    for i in range(0, sf_in.shape[0], 5):
+        sf_bits[i, i % sf_in.shape[1]] = _signed(specials[i % len(specials)], 32)
+    data.view(torch.uint8)[5::37, 7::19] = 0xFF
+    data.view(torch.uint8)[2::41, 40::33] = 0x7F
+    x = (data, sf_in)
+    got = per_channel_cast(x, "e4m3", npt, num_per_channels=npc, target="cpu", flavor=flavor)
+    expected = per_channel_cast(x, "e4m3", npt, num_per_channels=npc, target="torch", flavor=flavor)
+    _assert_same(got, expected, "per_channel_cast quantized")
+    dequantized = reference.cast_back(x, "fp32", (1, npc), flavor=flavor)
+    assert_policy(dequantized, *got, "e4m3", "fp32", (npt, 1), flavor, "per_channel_cast quantized")
+
+
 # --- ascend-sim: the emitted AscendC on the CPU model (ascend flavor) --------------------------
 
 def test_ascend_sim_per_token_cast():
     # round_sf with UE8M0 bytes, E2M1 codes and a partial last group.
     _check_per_token_cast(("fp32", "e2m1", 128, "packed", True, "ascend"), "ascend-sim")
+
+
+def test_ascend_sim_per_channel_cast():
+    # Power-of-two fp32 SF (0.0 for NaN blocks, inf for inf blocks) stored by DMA.
+    _check_per_channel_cast(("bf16", 128, "pow2", "ascend"), "ascend-sim")
 
 
 def test_ascend_sim_per_token_cast_and_cast_back():

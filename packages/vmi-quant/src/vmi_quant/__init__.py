@@ -10,6 +10,8 @@ from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, 
 from .per_block_cast_lossless import per_block_cast_lossless
 from .per_block_cast_lossless_parallel import per_block_cast_lossless_parallel
 from .per_block_cast_parallel import per_block_cast_parallel
+from .per_channel_cast import per_channel_cast
+from .per_channel_cast_parallel import per_channel_cast_parallel
 from .per_token_cast import (
     per_token_cast,
     per_token_cast_with_precomputed_sf,
@@ -33,6 +35,8 @@ __all__ = [
     "per_block_cast_parallel",
     "per_block_cast_with_precomputed_sf",
     "per_block_cast_with_sf_only",
+    "per_channel_cast",
+    "per_channel_cast_parallel",
     "per_token_cast",
     "per_token_cast_and_cast_back",
     "per_token_cast_and_cast_back_parallel",

@@ -25,6 +25,9 @@ from .per_block_cast_lossless import PER_BLOCK_CAST_LOSSLESS
 from .per_block_cast_lossless import make_spec as make_lossless_spec
 from .per_block_cast_lossless_parallel import per_block_cast_lossless_source
 from .per_block_cast_parallel import per_block_cast_source
+from .per_channel_cast import PER_CHANNEL_CAST
+from .per_channel_cast import make_spec as make_channel_spec
+from .per_channel_cast_parallel import per_channel_cast_source
 from .per_token_cast import PER_TOKEN_CAST, make_spec
 from .per_token_cast_and_cast_back import PER_TOKEN_CAST_AND_CAST_BACK
 from .per_token_cast_and_cast_back import make_spec as make_round_trip_spec
@@ -97,6 +100,53 @@ def _pbc_source(options, target, flavor):
     return per_block_cast_source(spec, target)
 
 
+# --- per_channel_cast ---
+
+PER_CHANNEL_CAST_OPTIONS = (
+    Option("num_per_tokens", 32, (32, 128), "tokens per scaling factor"),
+    Option("in_dtype", "bf16", ("bf16", "fp32", "e4m3"),
+           "input dtype (e4m3: a per-token quantized input with packed UE8M0 column-major SF)"),
+    Option("num_per_channels", 128, (32, 128), "channels per input scaling factor (in_dtype=e4m3)"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="UE8M0 scaling factors packed along the tokens (needs round_sf)"),
+)
+# What a quantized input's SF is: TileKernels' default input configuration.
+_PCC_INPUT_SF = dict(round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True)
+
+
+def _pcc_inputs(shape, options, seed):
+    if options["in_dtype"] != "e4m3":
+        return _ptc_inputs(shape, options, seed)
+    # Quantized once per flavor (packed UE8M0 words differ); run and reference pick theirs.
+    x = randn(shape, seed)
+    return {flavor: reference.cast(x, "e4m3", (1, options["num_per_channels"]), flavor=flavor, **_PCC_INPUT_SF)
+            for flavor in ("ascend", "cuda")}
+
+
+def _pcc_arguments(inputs, options, flavor):
+    if options["in_dtype"] != "e4m3":
+        return {"fmt": "e4m3", "num_per_channels": None}
+    data, sf = inputs[flavor]
+    return {"fmt": "e4m3", "x": data, "x_sf": sf}
+
+
+def _pcc_nbytes(inputs, outputs) -> int:
+    tensors = inputs["ascend"] if "ascend" in inputs else (inputs["x"],)
+    return sum(t.numel() * t.element_size() for t in (*tensors, *outputs))
+
+
+def _pcc_source(options, target, flavor):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"], block_k=1)
+    in_layout, npc = None, None
+    if options["in_dtype"] == "e4m3":
+        npc = options["num_per_channels"]
+        in_layout = SFLayout.of(flavor, packed=True, col_major=True, block_k=npc)
+    spec = make_channel_spec(options["in_dtype"], options["num_per_tokens"], options["round_sf"], layout, in_layout,
+                             npc)
+    return per_channel_cast_source(spec, target)
+
+
 # --- per_block_cast_lossless ---
 
 _POW2_BLOCK = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -140,7 +190,7 @@ def _lossless_source(options, target, flavor):
 
 # Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
 _BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168), (1, 7168), (4, 7168), (16, 7168))
-# per_block_cast(_lossless) need M and K multiples of 128: no decode sizes.
+# per_block_cast(_lossless) and per_channel_cast need M and K multiples of 128: no decode sizes.
 _BLOCK_BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168))
 
 _PARALLEL_TARGETS = {
@@ -243,6 +293,19 @@ OPS = [
         targets=_PARALLEL_TARGETS,
         make_inputs=_ptc_inputs,
         source=_pbc_source,
+    ),
+    kernel_op_entry(
+        PER_CHANNEL_CAST,
+        arguments=_pcc_arguments,
+        nbytes=_pcc_nbytes,
+        family="quant",
+        summary="per-channel FP8 (E4M3) quantization with one scaling factor per channel and 32 or 128 tokens",
+        default_shape=(1024, 4096),
+        bench_shapes=_BLOCK_BENCH_SHAPES,
+        options=PER_CHANNEL_CAST_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_pcc_inputs,
+        source=_pcc_source,
     ),
     kernel_op_entry(
         PER_BLOCK_CAST_LOSSLESS,

@@ -164,6 +164,45 @@ def per_block_cast_baseline(op, options):
                                 f"x * (Q / amax), {encode}")
 
 
+# --- per_channel_cast ---
+
+def per_channel_cast_baseline(op, options):
+    npt, npc = options["num_per_tokens"], options["num_per_channels"]
+    quantized = options["in_dtype"] == "e4m3"
+    round_sf, packed = options["round_sf"], options["use_packed_ue8m0"]
+
+    def one(values):
+        m, k = values.shape
+        xf = values.view(m // npt, npt, k)
+        stored, _, mult = _scales(xf.abs().amax(dim=1), "e4m3", round_sf, False)
+        return (xf * mult.unsqueeze(1)).view(m, k).to(torch.float8_e4m3fn), stored
+
+    def run(inputs, flavor, rows):
+        if quantized:
+            data, sf = inputs[flavor]
+            m, k = data.shape
+            grid = _decode_sf(sf, m, k // npc, npc, get_flavor(flavor))
+
+            def chunk(a, b):
+                values = data[a:b].float().view(b - a, k // npc, npc) * grid[a:b].unsqueeze(-1)
+                return one(values.view(b - a, k))
+        else:
+            x = inputs["x"]
+            m = x.shape[0]
+
+            def chunk(a, b):
+                return one(x[a:b].float())
+        if m % npt:
+            raise ValueError(f"the baseline needs a number of rows that is a multiple of {npt}")
+        if rows is not None and rows % npt:
+            rows = None
+        data_out, stored = in_row_chunks(chunk, m, rows)
+        return data_out, _layout(stored, packed, False, flavor, pack_dim=0)
+    source = "data.float() * sf over (1, npc) groups, " if quantized else "x.float(), "
+    return Baseline(run, f"torch ops: {source}view (T/{npt}, {npt}, H), abs().amax(1), clamp, x * (Q / amax), "
+                         ".to(float8_e4m3fn)")
+
+
 # --- per_token_cast_and_cast_back ---
 
 def round_trip_baseline(op, options):
@@ -280,6 +319,7 @@ BASELINES = {
     "per_token_cast": per_token_cast_baseline,
     "per_token_cast_and_cast_back": round_trip_baseline,
     "per_block_cast": per_block_cast_baseline,
+    "per_channel_cast": per_channel_cast_baseline,
     "per_block_cast_lossless": lossless_baseline,
     "cast": cast_baseline,
     "cast_back": cast_back_baseline,

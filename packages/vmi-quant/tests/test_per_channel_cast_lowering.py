@@ -1,0 +1,76 @@
+"""per_channel_cast lowers for ascend and cuda.
+
+Ascend: the generated AscendC loads the tile by DMA, runs one SIMD region per work tile (real
+vector instructions, no scalar UB access: the column amax, scales and quantization), a SIMT region
+for the input SF of a pre-quantized input and one for UE8M0 bytes packed along the tokens (computed
+addresses: the README's "differences by target" entry), no barrier inside a thread-guarded
+branch, and stores the data tile and an fp32 SF tile by DMA. CUDA: the source compiles with nvcc
+for an explicit arch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vmi_core.sf_layout import SFLayout
+from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.targets import get_flavor
+from vmi_devkit.cases.pcc_cases import COVERING, CUDA_LOWERING, IN_SF, LOWERING, OUT_SF, case_id
+from vmi_quant.per_channel_cast import make_spec
+from vmi_quant.per_channel_cast_parallel import per_channel_cast_source
+
+
+def _spec(in_dtype, npc, in_sf, npt, out_sf, flavor):
+    flavor = get_flavor(flavor)
+    round_sf, packed = OUT_SF[out_sf]
+    in_layout = None
+    if in_sf is not None:
+        options = IN_SF[in_sf]
+        in_layout = SFLayout.of(flavor, packed=options.get("use_packed_ue8m0", False),
+                                e4m3=options.get("use_e4m3_sf", False),
+                                col_major=options.get("use_tma_aligned_col_major_sf", False), block_k=npc)
+    return make_spec(in_dtype, npt, round_sf, SFLayout.of(flavor, packed=packed, block_k=1), in_layout, npc)
+
+
+def _check_ascend(case):
+    spec = _spec(*case)
+    src = per_channel_cast_source(spec, "ascend")
+    assert "__global__ __vector__ void per_channel_cast_kernel" in src
+    packed = spec.sf_layout.kind == "ue8m0"
+    # assert_vector_regions also fails on a barrier inside a thread-guarded branch.
+    assert_vector_regions(src, simd=1, simt=int(packed) + int(spec.in_sf_layout is not None))
+    # In: the data tile. Out: the data tile, and the fp32 SF tile unless packed bytes are stored.
+    assert dma_counts(src) == (1, 1 if packed else 2)
+    assert "block_idx" in src
+
+
+@pytest.mark.parametrize("case", LOWERING, ids=case_id)
+def test_ascend_lowering(case):
+    _check_ascend(case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in COVERING if c not in LOWERING], ids=case_id)
+def test_ascend_lowering_full(case):
+    _check_ascend(case)
+
+
+def _check_cuda(case):
+    src = per_channel_cast_source(_spec(*case), "cuda")
+    assert "__global__ void" in src and "per_channel_cast_kernel" in src
+    if nvcc_path() is None:
+        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
+    nvcc_compile(src)
+
+
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("case", CUDA_LOWERING, ids=case_id)
+def test_cuda_lowering_compiles(case):
+    _check_cuda(case)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("case", [c for c in COVERING if c not in CUDA_LOWERING], ids=case_id)
+def test_cuda_lowering_compiles_all(case):
+    _check_cuda(case)
