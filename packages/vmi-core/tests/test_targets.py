@@ -12,6 +12,7 @@ from vmi_core.targets import (
     TARGET_ENV,
     Flavor,
     get_flavor,
+    require_kernel,
     resolve_flavor,
     resolve_target,
     target_of_device,
@@ -139,3 +140,18 @@ class TestFlavor:
         assert [CUDA.col_major_align(b) for b in (1, 2, 4)] == [16, 8, 4]
         assert [ASCEND.col_major_align(b) for b in (1, 2, 4)] == [1, 1, 1]
         assert isinstance(ASCEND, Flavor)
+
+
+class TestRequireKernel:
+    @pytest.mark.parametrize("x", [CPU_TENSOR, (CPU_TENSOR, CPU_TENSOR)], ids=["tensor", "pair"])
+    def test_refuses_the_reference(self, x, monkeypatch):
+        require_kernel("op_parallel", x, "cpu")
+        with pytest.raises(ValueError, match="op_parallel always runs the kernel"):
+            require_kernel("op_parallel", x, "torch")
+        monkeypatch.setenv(TARGET_ENV, "torch")
+        with pytest.raises(ValueError, match="op_parallel always runs the kernel"):
+            require_kernel("op_parallel", x, None)
+
+    @pytest.mark.parametrize("x", [None, (), [1, 2]])
+    def test_leaves_other_inputs_to_the_op(self, x):
+        require_kernel("op_parallel", x, "torch")

@@ -137,7 +137,11 @@ def flavor_argument(target: str, flavor: str | None) -> str | None:
     return None if target in _OWN_FLAVOR else flavor
 
 
-def require_kernel(op: str, tensor, target: str | None) -> None:
-    """``*_parallel`` entry points always run the kernel: refuse the reference pseudo-target."""
+def require_kernel(op: str, x, target: str | None) -> None:
+    """``*_parallel`` entry points always run the kernel: refuse the reference pseudo-target.
+
+    ``x`` is the op's leading input: a tensor, or a tuple whose first entry is one (a quantized
+    ``(data, sf)`` pair); anything else is left to the op's own checks."""
+    tensor = x[0] if isinstance(x, tuple) and x else x
     if isinstance(tensor, torch.Tensor) and resolve_target(tensor, target) == "torch":
         raise ValueError(f"{op} always runs the kernel; target 'torch' is the reference")

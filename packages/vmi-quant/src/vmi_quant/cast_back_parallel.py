@@ -231,7 +231,7 @@ def cast_back_parallel(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_s
     # The dispatch module imports this one; by call time both are loaded.
     from .cast_back import cast_back
 
-    require_kernel("cast_back_parallel", x[0] if isinstance(x, tuple) and x else x, target)
+    require_kernel("cast_back_parallel", x, target)
     return cast_back(x, fmt, x_block_size, x_special_fmt, target=target, flavor=flavor)
 
 
@@ -255,5 +255,5 @@ def per_token_cast_back_parallel(x: tuple[torch.Tensor, torch.Tensor], fmt: str,
     """
     from .cast_back import per_token_cast_back
 
-    require_kernel("per_token_cast_back_parallel", x[0] if isinstance(x, tuple) and x else x, target)
+    require_kernel("per_token_cast_back_parallel", x, target)
     return per_token_cast_back(x, fmt, num_per_channels, x_special_fmt, target=target, flavor=flavor)

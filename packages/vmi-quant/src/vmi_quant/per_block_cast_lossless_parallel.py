@@ -228,6 +228,6 @@ def per_block_cast_lossless_parallel(x: tuple[torch.Tensor, torch.Tensor], fmt: 
     # The dispatch module imports this one; by call time both are loaded.
     from .per_block_cast_lossless import per_block_cast_lossless
 
-    require_kernel("per_block_cast_lossless_parallel", x[0] if isinstance(x, tuple) and x else x, target)
+    require_kernel("per_block_cast_lossless_parallel", x, target)
     return per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
                                    use_packed_ue8m0, target=target, flavor=flavor)

@@ -35,7 +35,6 @@ from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, maximum
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store
 
-from .inputs import split_quantized
 from .kernel_common import KERNEL_DTYPE, ScaleRule, encode, load_scale, scale_from_amax
 
 NUM_PER_TOKENS = (32, 128)
@@ -251,7 +250,6 @@ def per_channel_cast_parallel(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor
     # The dispatch module imports this one; by call time both are loaded.
     from .per_channel_cast import per_channel_cast
 
-    data, _ = split_quantized(x)
-    require_kernel("per_channel_cast_parallel", data, target)
+    require_kernel("per_channel_cast_parallel", x, target)
     return per_channel_cast(x, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0, target=target,
                             flavor=flavor)

@@ -37,7 +37,6 @@ from vmi_core.tl.simd import LANES, Vec, bitcast, keep, select
 from vmi_core.tl.stochastic import sr_mix, sr_random16_at, stochastic_round
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, deinterleave, gather, phase_barrier, store
 
-from .inputs import split_quantized
 from .kernel_common import (
     KERNEL_DTYPE,
     ScaleRule,
@@ -365,7 +364,6 @@ def per_token_cast_parallel(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     # The dispatch module imports this one; by call time both are loaded.
     from .per_token_cast import per_token_cast
 
-    data, _ = split_quantized(x)
-    require_kernel("per_token_cast_parallel", data, target)
+    require_kernel("per_token_cast_parallel", x, target)
     return per_token_cast(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                           use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, target=target, flavor=flavor)
