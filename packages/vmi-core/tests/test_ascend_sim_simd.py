@@ -351,6 +351,7 @@ def float_reference(a, b) -> dict:
     with np.errstate(all="ignore"):
         ref["add"], ref["sub"], ref["mul"] = canonical(a + b), canonical(a - b), canonical(a * b)
         ref["div"] = precise_div(a, b)
+        ref["sqrt"] = canonical(np.sqrt(flush(a)))  # the instruction: operand flushed, correctly rounded
         ref["max"], ref["min"] = vmax(a, b), vmin(a, b)
         ref["abs"], ref["neg"] = f32(a.view(np.uint32) & 0x7FFFFFFF), f32(a.view(np.uint32) ^ 0x80000000)
         ref["adds"], ref["muls"] = canonical(a + F32(1.5)), canonical(a * F32(-3.0))

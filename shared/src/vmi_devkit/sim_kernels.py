@@ -206,6 +206,7 @@ def _float_ops():
         ("sub", lambda v: S.vsub(v.a, v.b)),
         ("mul", lambda v: S.vmul(v.a, v.b)),
         ("div", lambda v: S.vdiv(v.a, v.b)),
+        ("sqrt", lambda v: S.vsqrt(v.a)),
         ("max", lambda v: S.vmax(v.a, v.b)),
         ("min", lambda v: S.vmin(v.a, v.b)),
         ("abs", lambda v: S.vabs(v.a)),

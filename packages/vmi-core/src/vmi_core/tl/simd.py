@@ -282,6 +282,13 @@ def fma(a, b, c):
     return Vec(acc[0])
 
 
+def sqrt(value):
+    """The fp32 square root: ``sqrtf`` on scalars, the vector unit's ``vsqrt`` on vectors."""
+    if isinstance(value, Vec):
+        return Vec(simd().vsqrt(value.expr))
+    return T.sqrt(value)
+
+
 def absolute(value):
     """``|value|`` (float or signed integer lanes)."""
     if isinstance(value, Vec):

@@ -794,6 +794,11 @@ VMI_ASCEND_SIM_BINARY(vmin, asc_min, ascend_sim::is_alu_lane<T>, ascend_sim::min
 VMI_ASCEND_SIM_BINARY(vdiv, asc_div, (std::is_same_v<T, float>),
                       ascend_sim::canonical(ascend_sim::flush(ascend_sim::flush(a.lane[i]) /
                                                               ascend_sim::flush(b.lane[i]))))
+// The square-root instruction [R arithmetic_compute/asc_sqrt; RC 基础算术/Sqrt]: float only here,
+// operand flushed to zero, the root correctly rounded (ASSUMPTION: the page states no bound);
+// a negative operand gives NaN. TileLang's default vsqrt is this instruction.
+VMI_ASCEND_SIM_UNARY(vsqrt, asc_sqrt, (std::is_same_v<T, float>),
+                     ascend_sim::canonical(std::sqrt(ascend_sim::flush(a.lane[i]))))
 // [R logic_compute/asc_and, asc_or, asc_xor, asc_shiftleft, asc_shiftright]
 VMI_ASCEND_SIM_BINARY(vand, asc_and, ascend_sim::is_int_lane<T>, (T)(a.lane[i] & b.lane[i]))
 VMI_ASCEND_SIM_BINARY(vor, asc_or, ascend_sim::is_int_lane<T>, (T)(a.lane[i] | b.lane[i]))
