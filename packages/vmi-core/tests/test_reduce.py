@@ -16,6 +16,8 @@ from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl import formats as F
 from vmi_core.tl.reduce import combine, reduce_rows
 from vmi_core.tl.shell import Shell
+from vmi_core.tl.simd import LANES
+from vmi_core.tl.vector import group_tile_shape
 
 BM = 8
 INIT = {"max": -math.inf, "min": math.inf, "sum": 0.0}
@@ -118,6 +120,17 @@ def test_segment_reduce_int32():
 def test_combine_rejects_unknown_op():
     with pytest.raises(ValueError, match="got 'mean'"):
         combine("mean", 0, 1)
+
+
+@pytest.mark.parametrize("groups", [1, 3, 8, 9, 16, 24, 64, 128])
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_group_tile_holds_every_group_read(rows, groups):
+    """``at.group`` reads ``LANES`` values from the chunk's first group rounded down to 8 (32
+    bytes): from the last such start of the last row, the read stays inside the tile."""
+    tile_rows, cols = group_tile_shape(True, rows, groups)
+    assert cols % 8 == 0 and cols >= groups
+    last_start = (rows - 1) * cols + (groups - 1) // 8 * 8
+    assert last_start + LANES <= tile_rows * cols
 
 
 # --- reduce_rows ------------------------------------------------------------------------------

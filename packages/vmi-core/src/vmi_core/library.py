@@ -42,6 +42,10 @@ def _is_int_tuple(value) -> bool:
     return isinstance(value, tuple) and all(_is_int(v) for v in value)
 
 
+def _is_list_of(value, kind) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(v, kind) for v in value)
+
+
 # Schema type -> (what a caller may pass, how the error names it).
 _KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "Tensor": (lambda v: isinstance(v, torch.Tensor), "a torch.Tensor"),
@@ -51,13 +55,15 @@ _KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
     "str": (lambda v: isinstance(v, str), "a str"),
     "ScalarType": (lambda v: isinstance(v, torch.dtype), "a torch.dtype"),
     "int[]": (_is_int_tuple, "a tuple of ints"),
+    "bool[]": (lambda v: _is_list_of(v, bool), "a list of bools"),
+    "Tensor[]": (lambda v: _is_list_of(v, torch.Tensor), "a list of torch.Tensors"),
 }
 
 
 @dataclass(frozen=True)
 class Param:
     """One parameter of an op: ``kind`` is its schema type (``Tensor``, ``int``, ``float``,
-    ``bool``, ``str``, ``ScalarType``, ``int[]``); ``optional`` admits ``None``; ``mutable``
+    ``bool``, ``str``, ``ScalarType``, ``int[]``, ``bool[]``, ``Tensor[]``); ``optional`` admits ``None``; ``mutable``
     marks a tensor the op writes in place (declared ``Tensor(a!)`` in the schema)."""
 
     name: str
@@ -107,20 +113,26 @@ class KernelOp:
 
     ``returns`` names the tensors the op returns (empty for an op that only writes in place);
     ``outs`` names its preallocated outputs where it takes them (one per returned tensor): then
-    ``<name>.out`` takes them as mutable keyword arguments and returns nothing.
+    ``<name>.out`` takes them as mutable keyword arguments and returns nothing. With
+    ``out_list``, ``outs`` names one mutable ``Tensor[]`` of preallocated outputs instead (any
+    number of tensors, all given), for ops whose outputs are a list; ``run`` gets it as ``out=(list,)``.
     ``run`` is described in the module docstring. ``autograd = (backward, setup_context)``
     registers a derivative (``torch.library.register_autograd``; the op must not mutate).
     """
 
     def __init__(self, name: str, params: Sequence[Param], returns: Sequence[str], run: Callable, *,
-                 outs: Sequence[str] = (), autograd: tuple[Callable, Callable] | None = None):
-        if outs and len(outs) != len(returns):
+                 outs: Sequence[str] = (), out_list: bool = False,
+                 autograd: tuple[Callable, Callable] | None = None):
+        if out_list and len(outs) != 1:
+            raise ValueError(f"{name}: a list of preallocated outputs is one parameter")
+        if outs and not out_list and len(outs) != len(returns):
             raise ValueError(f"{name}: one preallocated output per returned tensor")
         self.name = name
         self.params = tuple(params)
         self._accepts = tuple((p, _KINDS[p.kind][0]) for p in self.params)
         self.returns = tuple(returns)
         self.outs = tuple(outs)
+        self.out_list = out_list
         self.run = run
         if name in KERNEL_OPS:
             raise ValueError(f"op {name} is declared twice")
@@ -141,7 +153,9 @@ class KernelOp:
     def schema(self, overload: str = "") -> str:
         aliases = iter("abcdefghijklmnopqrstuvwxyz")
         params = [p.schema(next(aliases) if p.mutable else None) for p in self.params]
-        keywords = ([f"Tensor({next(aliases)}!) {name}" for name in self.outs] if overload == "out" else [])
+        out_kind = "[]" if self.out_list else ""
+        keywords = ([f"Tensor({next(aliases)}!){out_kind} {name}" for name in self.outs] if overload == "out"
+                    else [])
         keywords += ["str? target=None", "str? flavor=None"]
         if overload == "out" or not self.returns:
             result = "()"
@@ -218,6 +232,11 @@ class KernelOp:
             return self.default(*args, target=target, flavor=flavor)
         if not self.outs:
             raise TypeError(f"{self.name} takes no preallocated outputs")
+        if self.out_list:
+            if not _is_list_of(out, torch.Tensor):
+                raise TypeError(f"{self.name}: out must be a list of torch.Tensors")
+            self.out(*args, target=target, flavor=flavor, **{self.outs[0]: list(out)})
+            return list(out)
         if not isinstance(out, (tuple, list)) or len(out) != len(self.outs):
             raise TypeError(f"{self.name}: out must be a ({', '.join(self.returns)}) tuple")
         for name, tensor in zip(self.outs, out, strict=True):

@@ -107,8 +107,9 @@ def discover() -> dict[str, OpInfo]:
 
 def bind(op: KernelOp, values: dict, device: str) -> tuple[list, list]:
     """``op``'s positional arguments from ``values`` by parameter name (defaults, or None where a
-    parameter admits it, for the rest), tensors moved to ``device``; and the tensors bound to
-    mutable parameters, which are fresh copies so the caller's inputs stay as they were."""
+    parameter admits it, for the rest), tensors (also those of a ``Tensor[]``) moved to ``device``;
+    and the tensors bound to mutable parameters, which are fresh copies so the caller's inputs stay
+    as they were."""
     args, mutated = [], []
     for param in op.params:
         if param.name in values:
@@ -122,6 +123,8 @@ def bind(op: KernelOp, values: dict, device: str) -> tuple[list, list]:
             if param.mutable:
                 value = value.clone()
                 mutated.append(value)
+        elif param.kind == "Tensor[]" and value is not None:
+            value = [t.to(device) for t in value]
         args.append(value)
     return args, mutated
 

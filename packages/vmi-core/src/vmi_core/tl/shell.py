@@ -167,28 +167,30 @@ class Shell:
 
 def _tile_view(src, dst):
     """``(inside, offset, window)`` for a copy between a global buffer position and a 1-D or 2-D
-    tile of its rank: whether the tile lies wholly inside the buffer, the element offset of its
-    first element, and a function giving the buffer's window of the tile's shape at an offset.
-    None for any other copy."""
+    tile of its rank, or of its last dimensions (the leading indices pick one element each):
+    whether the tile lies wholly inside the buffer, the element offset of its first element, and a
+    function giving the buffer's window of the tile's shape at an offset. None for any other copy."""
     to_tile = isinstance(src, tirx.BufferLoad)
     at, tile = (src, dst) if to_tile else (dst, src)
     if not isinstance(at, tirx.BufferLoad) or not isinstance(tile, tirx.Buffer):
         return None
     buffer = at.buffer
-    if buffer.scope() != "global" or not len(at.indices) == len(tile.shape) <= 2:
+    lead = len(at.indices) - len(tile.shape)
+    if buffer.scope() != "global" or lead < 0 or len(tile.shape) > 2:
         return None
     strides = list(buffer.strides)
     if not strides:  # compact: row-major strides of the shape
         strides = [1]
         for extent in reversed(list(buffer.shape)[1:]):
             strides.insert(0, strides[0] * extent)
-    inside = tirx.all(*[bound for index, extent, size in zip(at.indices, tile.shape, buffer.shape, strict=True)
+    extents = [1] * lead + list(tile.shape)
+    inside = tirx.all(*[bound for index, extent, size in zip(at.indices, extents, buffer.shape, strict=True)
                         for bound in (index >= 0, index + extent <= size)])
     offset = buffer.elem_offset + sum(index * stride for index, stride in zip(at.indices, strides, strict=True))
 
     def window(base):
         return tirx.decl_buffer(tile.shape, buffer.dtype, name=f"{buffer.name}_window", data=buffer.data,
-                                strides=strides, elem_offset=base)
+                                strides=strides[lead:], elem_offset=base)
 
     return inside, offset, window
 

@@ -31,14 +31,15 @@ _WIDE = ("float32", "uint32", "int32")
 def group_tile_shape(vector: bool, rows: int, groups: int) -> tuple[int, int]:
     """Shape of a per-(row, group) tile that ``at.group`` reads and ``segment_reduce`` fills.
 
-    The vector form reads ``LANES`` values from the start of any row and stores scales in whole
-    registers: rows are padded to 32-byte multiples, and rows are added so that a read from the
-    last row stays inside the tile.
+    The vector form reads ``LANES`` values from any 32-byte boundary of a row (``at.group``
+    starts at the chunk's first group rounded down to 8) and stores scales in whole registers:
+    rows are padded to 32-byte multiples, and rows are added so that a read from the last 32
+    bytes of the last row stays inside the tile.
     """
     if not vector:
         return rows, groups
     padded = -(-groups // 8) * 8
-    return rows + -(-(LANES - padded) // padded), padded
+    return rows + -(-(LANES - 8) // padded), padded
 
 
 def lane_table_length(vector: bool, n: int) -> int:
