@@ -43,7 +43,7 @@ class _Recorder(TorchDispatchMode):
 def _registry_call(name: str):
     op = OPS[name]
     options = {o.name: o.default for o in op.options}
-    shape = (128, 256) if name.startswith(("per_block", "per_channel")) else (12, 256)
+    shape = (128, 256) if name.startswith(("per_block", "per_channel", "batched_transpose")) else (12, 256)
     inputs = op.make_inputs(shape, options, 0)
     return lambda: op.run(inputs, options, "cpu", None)
 
@@ -51,6 +51,14 @@ def _registry_call(name: str):
 X = randn((12, 256), 1, torch.bfloat16)
 XB = randn((128, 256), 2, torch.bfloat16)
 LOGITS = randn((12, 24), 3)
+
+
+def _transpose_into_reused_outputs():
+    # A 2-D weight's scales and a grouped one's.
+    sf = [vmi_quant.reference.cast(XB, "e4m3", (32, 32), round_sf=True)[1],
+          torch.exp2(torch.arange(-8.0, 8.0)).view(1, 4, 4)]
+    first = vmi_quant.batched_transpose_weight_sf(sf, 32, [False, True])
+    vmi_quant.batched_transpose_weight_sf(sf, 32, [False, True], [None, first[1]])
 
 
 def _gate_with_mutable_arguments():
@@ -88,6 +96,7 @@ VARIANTS = {
     "per_channel_cast-quantized-x": lambda: vmi_quant.per_channel_cast(
         vmi_quant.per_token_cast(XB, "e4m3", 32, round_sf=True, use_packed_ue8m0=True), "e4m3", 128, round_sf=True,
         num_per_channels=32, use_packed_ue8m0=True),
+    "batched_transpose_weight_sf-out": _transpose_into_reused_outputs,
     "per_token_cast_and_cast_back-fp32": lambda: vmi_quant.per_token_cast_and_cast_back(X.float(), "e2m1", 16),
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,

@@ -1,5 +1,7 @@
 """vmi-quant: FP8/FP4 quantization ops as parallel-style TileLang kernels, with PyTorch references."""
 
+from .batched_transpose_weight_sf import batched_transpose_weight_sf
+from .batched_transpose_weight_sf_parallel import batched_transpose_weight_sf_parallel
 from .cast import cast
 from .cast_back import cast_back, per_token_cast_back
 from .cast_back_parallel import cast_back_parallel, per_token_cast_back_parallel
@@ -24,6 +26,8 @@ from .per_token_cast_parallel import per_token_cast_parallel
 __version__ = "0.1.0"
 
 __all__ = [
+    "batched_transpose_weight_sf",
+    "batched_transpose_weight_sf_parallel",
     "cast",
     "cast_back",
     "cast_back_parallel",

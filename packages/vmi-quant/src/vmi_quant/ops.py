@@ -12,9 +12,11 @@ import torch
 from vmi_core.registry import Option, kernel_op_entry
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import flavor_argument, resolve_flavor
-from vmi_core.testing import randn
+from vmi_core.testing import generator, randn
 
 from . import reference
+from .batched_transpose_weight_sf import BATCHED_TRANSPOSE_WEIGHT_SF
+from .batched_transpose_weight_sf_parallel import TransposeSpec, batched_transpose_weight_sf_source
 from .cast import CAST
 from .cast_back import CAST_BACK
 from .cast_back_parallel import CastBackSpec, cast_back_source
@@ -188,6 +190,37 @@ def _lossless_source(options, target, flavor):
     return per_block_cast_lossless_source(make_lossless_spec(in_layout, x_block, layout, out_block), target)
 
 
+# --- batched_transpose_weight_sf ---
+
+TRANSPOSE_OPTIONS = (
+    Option("block_size", 32, (32, 128), "weight rows and columns per scaling block"),
+    Option("num_weights", 4, help="weights of the shape, each with its own scales"),
+    Option("num_groups", 0, help="groups per weight: (G, n/bs, k/bs) scales (0: 2-D scales)"),
+    Option("transpose_sf1", False, help="return each transposed weight's SF as (P1, k)"),
+)
+
+
+def _transpose_inputs(shape, options, seed):
+    # The power-of-two block scales a per-block cast gives each weight (n, k) = shape, G at a time;
+    # rows and columns of the weights spread over 2^-8 .. 2^8, so the exponents vary by block.
+    n, k = shape
+    bs, groups = options["block_size"], options["num_groups"]
+    sf = []
+    for i in range(options["num_weights"]):
+        rows = max(groups, 1) * n
+        g = generator(seed + i)
+        spread = torch.randint(-4, 5, (rows, 1), generator=g) + torch.randint(-4, 5, (1, k), generator=g)
+        _, scales = reference.cast(randn((rows, k), seed + i) * torch.exp2(spread.float()), "e4m3", (bs, bs),
+                                   round_sf=True)
+        sf.append(scales.view(groups, n // bs, k // bs) if groups else scales)
+    return {"sf": sf}
+
+
+def _transpose_source(options, target, flavor):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    return batched_transpose_weight_sf_source(TransposeSpec(options["block_size"], flavor.ue8m0_pack), target)
+
+
 # Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
 _BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168), (1, 7168), (4, 7168), (16, 7168))
 # per_block_cast(_lossless) and per_channel_cast need M and K multiples of 128: no decode sizes.
@@ -318,6 +351,24 @@ OPS = [
         targets=_PARALLEL_TARGETS,
         make_inputs=_lossless_inputs,
         source=_lossless_source,
+    ),
+    kernel_op_entry(
+        BATCHED_TRANSPOSE_WEIGHT_SF,
+        arguments=lambda inputs, options, flavor: {
+            "transpose_sf1s": [options["transpose_sf1"]] * options["num_weights"]},
+        family="quant",
+        summary="packed UE8M0 SF of weights (n, k) and of their transposes from power-of-two block scales",
+        default_shape=(1024, 4096),
+        bench_shapes=((4096, 7168), (7168, 2048), (1024, 4096)),
+        options=TRANSPOSE_OPTIONS,
+        targets={
+            "cpu": "runs; bit-exact against the reference in both flavors, block 32 and 128",
+            "ascend": "lowers to AscendC (SIMT and SIMD vector regions); runs on ascend-sim, not yet on an NPU",
+            "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference (ascend flavor)",
+            "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
+        },
+        make_inputs=_transpose_inputs,
+        source=_transpose_source,
     ),
     kernel_op_entry(
         CAST,

@@ -315,6 +315,42 @@ def lossless_baseline(op, options):
                          "x * 2^(e - e_out), .to(float8_e4m3fn)")
 
 
+# --- batched_transpose_weight_sf ---
+
+def _ue8m0_words(exps: torch.Tensor, pack: int) -> torch.Tensor:
+    """uint8 exponents ``(..., C)`` -> words of ``pack`` bytes along the last dim (pad bytes 0)."""
+    pad = -exps.shape[-1] % pack
+    if pad:
+        exps = torch.nn.functional.pad(exps, (0, pad))
+    return exps.contiguous().view(torch.int16 if pack == 2 else torch.int32)
+
+
+def transpose_weight_sf_baseline(op, options):
+    bs = options["block_size"]
+
+    def run(inputs, flavor, rows):
+        pack = get_flavor(flavor).ue8m0_pack
+        scales = [sf if sf.dim() == 3 else sf.unsqueeze(0) for sf in inputs["sf"]]
+        # Per weight G * (n * P0 + k * P1) words.
+        shapes = [sf.shape for sf in scales]
+        size = sum(g * bs * (nsn * -(-nsk // pack) + nsk * -(-nsn // pack)) for g, nsn, nsk in shapes)
+        pool = torch.empty(size, dtype=torch.int16 if pack == 2 else torch.int32)
+        offset = 0
+        for sf in scales:
+            groups, nsn, nsk = sf.shape
+            exps = (sf.view(torch.int32) >> 23).to(torch.uint8)
+            # sf0 stored (G, P0, n): each block row's words along K over its bs weight rows; then
+            # sf1 stored (G, P1, k): each block column's words along N over its bs weight columns.
+            for words, blocks in ((_ue8m0_words(exps, pack), nsn), (_ue8m0_words(exps.transpose(1, 2), pack), nsk)):
+                part = groups * words.shape[2] * blocks * bs
+                pool[offset:offset + part].view(groups, words.shape[2], blocks, bs).copy_(
+                    words.transpose(1, 2).unsqueeze(-1).expand(groups, words.shape[2], blocks, bs))
+                offset += part
+        return (pool,)
+    return Baseline(run, "torch ops: exponent bytes view(int32) >> 23, padded and viewed as the flavor's "
+                         "int16/int32 words, expand over the block's rows into one pool", chunks=False)
+
+
 BASELINES = {
     "per_token_cast": per_token_cast_baseline,
     "per_token_cast_and_cast_back": round_trip_baseline,
@@ -323,4 +359,5 @@ BASELINES = {
     "per_block_cast_lossless": lossless_baseline,
     "cast": cast_baseline,
     "cast_back": cast_back_baseline,
+    "batched_transpose_weight_sf": transpose_weight_sf_baseline,
 }
