@@ -11,6 +11,7 @@ from vmi_core.checks import (
     check_disjoint,
     check_float,
     check_int,
+    check_int_choice,
     check_kernel_extent,
     check_no_internal_overlap,
     check_tensor,
@@ -30,6 +31,14 @@ def test_int():
         check_int(9, "n", 1, 8)
     with pytest.raises(ValueError, match="n must be >= 0, got -1"):
         check_int(-1, "n", 0)
+
+
+def test_int_choice():
+    assert check_int_choice(np.int64(32), "npc", (32, 128)) == 32
+    with pytest.raises(TypeError, match="npc must be an int, got float 32.0"):
+        check_int_choice(32.0, "npc", (32, 128))
+    with pytest.raises(ValueError, match=r"npc must be one of \(32, 128\), got 64"):
+        check_int_choice(64, "npc", (32, 128))
 
 
 def test_float_bool_choice():

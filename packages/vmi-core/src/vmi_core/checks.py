@@ -64,6 +64,14 @@ def check_choice(value, name: str, choices: Iterable):
     return value
 
 
+def check_int_choice(value, name: str, choices: Iterable[int]) -> int:
+    """``value`` is an integer (``check_int``: not a bool, not ``32.0``) and one of ``choices``."""
+    choices = tuple(choices)
+    if check_int(value, name) not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return int(value)
+
+
 def check_tensor(t, name: str, *, dtype: torch.dtype | Iterable[torch.dtype] | None = None, dim: int | None = None,
                  shape: tuple | None = None, device: torch.device | None = None,
                  contiguous: bool = False) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import INT32_MAX, check_int, check_kernel_extent
+from vmi_core.checks import INT32_MAX, check_int, check_int_choice, check_kernel_extent
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor
 
@@ -86,9 +86,7 @@ def check_matrix(t, name: str) -> None:
 
 
 def check_num_per_channels(value, name: str = "num_per_channels") -> int:
-    if check_int(value, name) not in NUM_PER_CHANNELS:
-        raise ValueError(f"{name} must be one of {NUM_PER_CHANNELS}, got {value!r}")
-    return value
+    return check_int_choice(value, name, NUM_PER_CHANNELS)
 
 
 def check_same_device(t: torch.Tensor, name: str, device: torch.device) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import check_int
+from vmi_core.checks import check_int_choice
 from vmi_core.library import KernelOp, Param
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
@@ -35,12 +35,6 @@ class PerChannelCastCall:
     sf: torch.Tensor
 
 
-def _check_choice(value, name: str, choices: tuple[int, ...]) -> int:
-    if check_int(value, name) not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return int(value)
-
-
 def make_spec(in_fmt: str, num_per_tokens: int, round_sf: bool, sf_layout: SFLayout,
               in_sf_layout: SFLayout | None = None,
               num_per_channels: int | None = None) -> parallel.PerChannelCastSpec:
@@ -60,12 +54,12 @@ def _prepare(x, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m
     device = lead.device
     target = resolve_target(lead, target)
     flavor = resolve_flavor(target, flavor)
-    npt = _check_choice(num_per_tokens, "num_per_tokens", parallel.NUM_PER_TOKENS)
+    npt = check_int_choice(num_per_tokens, "num_per_tokens", parallel.NUM_PER_TOKENS)
     check_sf_options(round_sf, use_packed_ue8m0, False)
     if isinstance(x, tuple):
         if num_per_channels is None:
             raise ValueError("num_per_channels is required when x is a quantized (data, sf) tuple")
-        npc = _check_choice(num_per_channels, "num_per_channels", parallel.NUM_PER_CHANNELS)
+        npc = check_int_choice(num_per_channels, "num_per_channels", parallel.NUM_PER_CHANNELS)
         inp = decode_input(x, (1, npc), flavor)
         if inp.fmt != "e4m3":
             raise TypeError(f"x data must be float8_e4m3fn, got {inp.data.dtype}")
