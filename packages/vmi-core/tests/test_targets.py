@@ -153,5 +153,11 @@ class TestRequireKernel:
             require_kernel("op_parallel", x, None)
 
     @pytest.mark.parametrize("x", [None, (), [1, 2]])
-    def test_leaves_other_inputs_to_the_op(self, x):
-        require_kernel("op_parallel", x, "torch")
+    def test_without_a_tensor_only_the_asked_reference_is_refused(self, x, monkeypatch):
+        require_kernel("op_parallel", x, "cpu")
+        require_kernel("op_parallel", x, None)
+        with pytest.raises(ValueError, match="op_parallel always runs the kernel"):
+            require_kernel("op_parallel", x, "torch")
+        monkeypatch.setenv(TARGET_ENV, "torch")
+        with pytest.raises(ValueError, match="op_parallel always runs the kernel"):
+            require_kernel("op_parallel", x, None)

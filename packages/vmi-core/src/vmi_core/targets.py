@@ -141,7 +141,12 @@ def require_kernel(op: str, x, target: str | None) -> None:
     """``*_parallel`` entry points always run the kernel: refuse the reference pseudo-target.
 
     ``x`` is the op's leading input: a tensor, or a tuple whose first entry is one (a quantized
-    ``(data, sf)`` pair); anything else is left to the op's own checks."""
+    ``(data, sf)`` pair); without one (e.g. an empty sequence), only an explicit or ``$VMI_TARGET``
+    reference is refused, and the rest is left to the op's own checks."""
     tensor = x[0] if isinstance(x, tuple) and x else x
-    if isinstance(tensor, torch.Tensor) and resolve_target(tensor, target) == "torch":
+    if isinstance(tensor, torch.Tensor):
+        chosen = resolve_target(tensor, target)
+    else:
+        chosen = target or os.environ.get(TARGET_ENV)
+    if chosen == "torch":
         raise ValueError(f"{op} always runs the kernel; target 'torch' is the reference")
