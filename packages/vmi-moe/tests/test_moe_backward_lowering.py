@@ -17,9 +17,8 @@ from vmi_core.source_checks import (
     assert_vector_regions,
     barriers_in_thread_guards,
     dma_counts,
-    nvcc_compile,
-    nvcc_path,
 )
+from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_moe.moe_topk_gate_backward_parallel import GateBackwardSpec, moe_topk_gate_backward_source
 
 
@@ -72,9 +71,7 @@ def check_cuda_source(spec: GateBackwardSpec) -> None:
     src = moe_topk_gate_backward_source(spec, "cuda")
     assert "__global__" in src and "moe_topk_gate_backward_kernel" in src
     assert barriers_in_thread_guards(src) == 0
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)
 
 
 @pytest.mark.cuda_compile

@@ -20,9 +20,9 @@ from vmi_core.source_checks import (
     barriers_in_thread_guards,
     dma_counts,
     nvcc_compile,
-    nvcc_path,
 )
 from vmi_devkit.cases.moe_cases import GateCase, gate_spec
+from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_moe.moe_topk_gate_parallel import GateSpec, moe_topk_gate_source
 from vmi_moe.normalize_weight_parallel import NormalizeWeightSpec, normalize_weight_source
 from vmi_moe.topk_gate_parallel import TopkGateSpec, topk_gate_source
@@ -89,9 +89,7 @@ def test_cuda_lowering_compiles(name, source, kernel) -> None:
     src = source()
     assert "__global__ void" in src and kernel in src
     assert barriers_in_thread_guards(src) == 0
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)
 
 
 # --- sweeps ------------------------------------------------------------------------------------
@@ -135,9 +133,7 @@ def test_normalize_weight_ascend_lowering_full(K: int) -> None:
                          + [GateCase(72, 1, S=1, dup=1, flavor="cuda", mask=True, force=True)], ids=lambda c: c.id)
 def test_gate_cuda_lowering_compiles_all(case: GateCase) -> None:
     src = moe_topk_gate_source(gate_spec(case), "cuda")
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)
     src = normalize_weight_source(NormalizeWeightSpec(case.K, "cuda"), "cuda")
     nvcc_compile(src)
     nvcc_compile(topk_gate_source(TopkGateSpec(case.E, case.K), "cuda"))

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, CAST_SPECS, case_id, cast_back_spec
+from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.cast_back_parallel import cast_back_source
 from vmi_quant.cast_parallel import CastSpec, cast_source
 
@@ -77,9 +78,7 @@ CUDA_SOURCES = ([(_cast_id(s), lambda s=s: cast_source(s, "cuda"), "cast_kernel"
 def test_cuda_lowering_compiles(name, source, kernel):
     src = source()
     assert "__global__ void" in src and kernel in src
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)
 
 
 ALL_CUDA = ([(_cast_id(s), lambda s=s: cast_source(s, "cuda")) for s in CAST_SPECS]
@@ -91,6 +90,4 @@ ALL_CUDA = ([(_cast_id(s), lambda s=s: cast_source(s, "cuda")) for s in CAST_SPE
 @pytest.mark.parametrize("name,source", ALL_CUDA, ids=[n for n, _ in ALL_CUDA])
 def test_cuda_lowering_compiles_all(name, source):
     src = source()
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.sf_layout import SFLayout
-from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_devkit.cases.pbcl_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
+from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.per_block_cast_lossless import make_spec
 from vmi_quant.per_block_cast_lossless_parallel import per_block_cast_lossless_source
 
@@ -50,9 +51,7 @@ def test_ascend_lowering_all(case):
 def _check_cuda(case):
     src = per_block_cast_lossless_source(_spec(*case), "cuda")
     assert "__global__ void" in src and "per_block_cast_lossless_kernel" in src
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)
 
 
 @pytest.mark.cuda_compile

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.ptccb_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES
+from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.per_token_cast_and_cast_back import make_spec
 from vmi_quant.per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_source
 
@@ -42,9 +43,7 @@ def test_ascend_lowering_full(case):
 def _check_cuda(case):
     src = per_token_cast_and_cast_back_source(_spec(*case), "cuda")
     assert "__global__ void" in src and "per_token_cast_and_cast_back_kernel" in src
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)
 
 
 @pytest.mark.cuda_compile

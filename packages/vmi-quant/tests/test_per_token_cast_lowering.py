@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.sf_layout import SFLayout
-from vmi_core.source_checks import assert_vector_regions, cpu_vectorized_loops, dma_counts, nvcc_compile, nvcc_path
+from vmi_core.source_checks import assert_vector_regions, cpu_vectorized_loops, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_devkit.cases.ptc_cases import COVERING, FULL, SF_MODES
+from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.per_token_cast import make_spec
 from vmi_quant.per_token_cast_parallel import QuantInput, per_token_cast_source
 
@@ -88,9 +89,7 @@ CUDA_CASES = [ASCEND_CASES[i] for i in (0, 3, 7, 10)] + [EXTRA[0], EXTRA[5]]
 def test_cuda_lowering_compiles(name, spec):
     src = per_token_cast_source(spec, "cuda")
     assert "__global__ void" in src and "per_token_cast_kernel" in src
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)
 
 
 @pytest.mark.slow
@@ -98,9 +97,7 @@ def test_cuda_lowering_compiles(name, spec):
 @pytest.mark.parametrize("name,spec", ASCEND_CASES, ids=[n for n, _ in ASCEND_CASES])
 def test_cuda_lowering_compiles_all(name, spec):
     src = per_token_cast_source(spec, "cuda")
-    if nvcc_path() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed: the CUDA source is generated but cannot be compiled here")
-    nvcc_compile(src)
+    nvcc_compile_or_skip(src)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
