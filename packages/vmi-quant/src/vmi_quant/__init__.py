@@ -14,6 +14,8 @@ from .config import (
     set_token_alignment,
 )
 from .fp4 import unpack_from_e2m1fn_x2
+from .norm_backward import norm_backward
+from .norm_backward_parallel import norm_backward_parallel
 from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
 from .per_block_cast_lossless import per_block_cast_lossless
 from .per_block_cast_lossless_parallel import per_block_cast_lossless_parallel
@@ -40,6 +42,8 @@ __all__ = [
     "cast_parallel",
     "get_amax_clamp_for_quant",
     "get_token_alignment",
+    "norm_backward",
+    "norm_backward_parallel",
     "per_block_cast",
     "per_block_cast_lossless",
     "per_block_cast_lossless_parallel",
