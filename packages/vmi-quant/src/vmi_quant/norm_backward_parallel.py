@@ -273,16 +273,20 @@ def build_weight_grad_reduce(spec: WeightGradReduceSpec, target: str):
         T.evaluate(store(total[0], running.get()))
         phase_barrier()
 
+    @T.macro
+    def add_chunk(WS, parts, total, k0, p0, n):
+        sh.copy(WS[p0, k0], parts)
+        with sh.vector(SIMD):
+            if sh.in_simd:
+                add_rows_registers(parts, total, n)
+            else:
+                add_rows_lanes(parts, total, n)
+
     def add_partials(WS, parts, total, k0):
         # The partials in order, PR workspace rows at a time (a few on-chip bytes however many
         # workers there are); a Python loop: the chunks are unrolled.
         for p0 in range(0, P, PR):
-            sh.copy(WS[p0, k0], parts)
-            with sh.vector(SIMD):
-                if sh.in_simd:
-                    add_rows_registers(parts, total, min(PR, P - p0))
-                else:
-                    add_rows_lanes(parts, total, min(PR, P - p0))
+            add_chunk(WS, parts, total, k0, p0, min(PR, P - p0))
 
     def rounded(total, wg, at):
         value = at.load(total) + decode(out_fmt, at, wg)
