@@ -81,8 +81,7 @@ def _prepare(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_gra
     target = resolve_target(x, target)
     flavor = resolve_flavor(target, flavor)
     spec = parallel.NormBackwardSpec(PLAIN_DTYPES[x.dtype], hidden, weight is not None,
-                                     residual_out_grad is not None, out_scale, flavor.name,
-                                     parallel.num_workers(target) if target != "torch" else 1)
+                                     residual_out_grad is not None, out_scale, flavor.name)
     x_grad = torch.empty((num_rows, hidden), dtype=x.dtype, device=x.device)
     return target, NormBackwardCall(spec, out_grad, x, weight, rstd, residual_out_grad, weight_grad, x_grad, flavor)
 
@@ -129,12 +128,11 @@ def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor 
     ``x_grad`` is ``dx`` rounded to x's dtype. ``rstd`` is used as given (the forward's, not
     recomputed); with a forward residual, the residual's gradient equals ``x_grad``.
 
-    The weight gradient ``Σ_rows xh · d`` is summed deterministically: the rows' rounded
-    products go to fp32 partial sums, one per persistent worker (``P``: 64 on ascend and
-    ascend-sim, 264 on cuda, the thread count on cpu), each adding its rows in increasing order;
-    the partials are added in worker order, then the buffer's value ``f32(weight_grad)``, and
-    the sum is rounded to the buffer's dtype. Results are reproducible for a given ``P``
-    (``norm_backward_parallel.row_partials`` gives each row's partial).
+    The weight gradient ``Σ_rows xh · d`` is summed in an order that depends on ``T`` only, so
+    every target, worker count and thread count gives the same bits: the rows' rounded products
+    go to one fp32 partial sum per block of 32 consecutive rows (from +0.0, rows in increasing
+    order), the partials are added in block order from +0.0, then the buffer's value
+    ``f32(weight_grad)``, and the sum is rounded to the buffer's dtype.
 
     Non-finite values propagate as in IEEE arithmetic: a NaN or ±inf in a row of ``x``,
     ``out_grad`` or ``rstd`` makes that row's ``dot``, hence its ``x_grad``, NaN or ±inf, and

@@ -1,8 +1,9 @@
 """``norm_backward`` (RMSNorm backward) as two parallel-style TileLang kernels for ascend, cuda and cpu.
 
-**Row kernel.** Work tiles of ``block_m`` whole rows (``block_rows``) go round-robin to persistent
-workers. Every worker first loads the weight and zeroes its fp32 partial row of the weight
-gradient; per tile:
+**Row kernel.** The rows are cut into *row blocks* of ``ROW_BLOCK`` consecutive rows, which go
+round-robin to persistent workers; a block is ``ROW_BLOCK / block_m`` work tiles of ``block_m``
+whole rows (``block_rows``). Every worker loads the weight once; per row block it zeroes an fp32
+partial row of the weight gradient, and per tile:
 
 1. DMA the tile's rows of ``x``, ``out_grad`` (and ``residual_out_grad``) and their ``rstd``;
 2. per row, ``dot = Σ xh · g`` in vmi's fixed lane order (``Shell.row_sum``), with
@@ -10,22 +11,19 @@ gradient; per tile:
 3. per element, ``dx = (g − xh · m) · rstd [+ f32(residual_out_grad)]`` with
    ``m = dot · f32(1/H)`` (``ascend`` flavor) or ``dot / H`` (``cuda`` flavor), rounded to x's
    dtype and stored by DMA;
-4. per column, the worker's partial adds ``xh · d`` of the tile's valid rows in increasing order.
+4. per column, the partial adds ``xh · d`` of the tile's rows in increasing order;
 
-After its last tile each worker stores its partial row to ``workspace[worker]``; the tile
-``t`` is the worker ``t mod P``'s, so the rows of every partial are known from ``(T, block_m, P)``
-(``row_partials``). Every product and sum is one rounded fp32 operation (no FMA).
+then it stores the partial to row ``b`` of a ``(ceil(T / ROW_BLOCK), H)`` fp32 workspace.
 
-**Reduction kernel.** Persistent workers take ``REDUCE_BLOCK``-column tiles of the
-``(P, H)`` workspace and add the ``P`` partials in order ``0 .. P-1`` from +0.0, then
-``f32(weight_grad)``, and store the sum rounded to ``weight_grad``'s dtype in place. The
-result is deterministic for a given ``P``.
+**Reduction kernel.** Persistent workers take ``REDUCE_BLOCK``-column tiles of the workspace and
+add its rows in order ``0, 1, ...`` from +0.0, then ``f32(weight_grad)``, and store the sum
+rounded to ``weight_grad``'s dtype in place.
 
-On ``cpu`` a call's rows are split into ranges across threads (``vmi_core.cpu_parallel``); each
-range runs the row kernel as one worker with its own workspace row, so there ``P`` is the
-thread count and the partials are the ranges. On Ascend the row and column phases run as
-explicit vector code (SIMD regions); per-row values (``rstd``, ``dot``) reach the lanes of a
-row by a register gather (``vmi_core.tl.vector.ChunkAt.group``).
+Every product and sum is one rounded fp32 operation (no FMA), and the weight gradient's order
+depends on ``T`` only: every target (and any worker or thread count) gives the same bits as the
+reference. On ``cpu`` a call's row blocks are split across threads (``vmi_core.cpu_parallel``).
+On Ascend the row and column phases run as explicit vector code (SIMD regions); per-row values
+(``rstd``, ``dot``) reach the lanes of a row by a register gather (``ChunkAt.group``).
 """
 
 from dataclasses import dataclass
@@ -34,9 +32,9 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, cpu_threads, launch_rows, row_ranges
+from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
-from vmi_core.targets import get_flavor, lowering_target, require_kernel
+from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, select
@@ -51,9 +49,11 @@ MAX_HIDDEN = 8192
 # Bytes of one input tile (x, out_grad, residual_out_grad, x_grad): rows per tile follow from it.
 TILE_BYTES = 16384
 MAX_BLOCK_M = 8
-# Columns per tile of the reduction kernel.
+# Rows per partial sum of the weight gradient (a multiple of every block_m): enough blocks to
+# keep 64 workers busy from a few thousand rows on, few workspace rows (T / 32 of H floats).
+ROW_BLOCK = 32
+# Columns per tile of the reduction kernel, and workspace rows per on-chip tile.
 REDUCE_BLOCK = LANES
-# Workspace rows per on-chip tile of the reduction kernel.
 REDUCE_ROWS = 64
 # Ascend unified-buffer budget of the row kernel with SIMD regions only (spec §0.1).
 UB_BYTES = 248 * 1024
@@ -69,18 +69,15 @@ def block_rows(in_fmt: str, hidden: int) -> int:
     return max(1, min(MAX_BLOCK_M, TILE_BYTES // (padded_hidden(hidden) * _BYTES[in_fmt])))
 
 
-def num_workers(target: str) -> int:
-    """Partial rows of the weight gradient on ``target``: its persistent workers, or on ``cpu``
-    the most row ranges a call is split into (one per thread)."""
-    if target == "cpu":
-        return cpu_threads()
-    return Shell(lowering_target(target)).workers
+def num_row_blocks(num_rows: int) -> int:
+    """Partial sums (workspace rows) of the weight gradient of ``num_rows`` rows."""
+    return -(-num_rows // ROW_BLOCK)
 
 
 @dataclass(frozen=True)
 class NormBackwardSpec:
     """Everything the row kernel is specialised on (the token count and row strides are runtime
-    values). ``workers``: partial rows of the workspace (``num_workers``)."""
+    values)."""
 
     in_fmt: str
     hidden: int
@@ -88,7 +85,6 @@ class NormBackwardSpec:
     has_residual_grad: bool
     out_scale: float
     flavor: str
-    workers: int
 
     @property
     def block_m(self) -> int:
@@ -100,7 +96,6 @@ class WeightGradReduceSpec:
     """Everything the reduction kernel is specialised on."""
 
     hidden: int
-    workers: int
     out_fmt: str
 
 
@@ -119,7 +114,7 @@ def zero(at):
 
 def build_norm_backward(spec: NormBackwardSpec, target: str):
     """The row kernel's TileLang prim_func of ``spec`` for ``target``."""
-    sh = Shell(target, workers=1 if target == "cpu" else spec.workers)
+    sh = Shell(target)
     TK = sh.T
     H, HP, BM = spec.hidden, padded_hidden(spec.hidden), spec.block_m
     in_fmt, in_dtype = spec.in_fmt, KERNEL_DTYPE[spec.in_fmt]
@@ -128,7 +123,7 @@ def build_norm_backward(spec: NormBackwardSpec, target: str):
     out_scale = F.f32_const(spec.out_scale)
 
     M = TK.dynamic("M")
-    NP = TK.dynamic("NP")
+    NB = TK.dynamic("NB")
     x_stride = TK.dynamic("x_stride")
     og_stride = TK.dynamic("og_stride")
     rog_stride = TK.dynamic("rog_stride")
@@ -210,7 +205,7 @@ def build_norm_backward(spec: NormBackwardSpec, target: str):
         W: TK.Tensor((H,), in_dtype),
         RSTD: TK.Tensor((M,), "float32"),
         DX: TK.Tensor((M, H), in_dtype),
-        WS: TK.Tensor((NP, HP), "float32"),
+        WS: TK.Tensor((NB, HP), "float32"),
         x_stride: TK.int32, og_stride: TK.int32, rog_stride: TK.int32,
     ):
         with sh.persistent_kernel() as worker:
@@ -218,32 +213,36 @@ def build_norm_backward(spec: NormBackwardSpec, target: str):
             partial = sh.tile((HP,), "float32")
             if spec.has_weight:
                 sh.copy(W[0], w)
-                with sh.vector(SIMD):
-                    sh.elementwise((HP,), zero, partial)
-            for tm in sh.tiles([T.ceildiv(M, BM)], worker):
+            for block in sh.tiles([T.ceildiv(M, ROW_BLOCK)], worker):
                 # Scalars, not let bindings: TileLang would inline the index math into every access.
-                row0 = T.alloc_var("int32")
-                valid_rows = T.alloc_var("int32")
-                row0 = tm * BM
-                valid_rows = T.min(BM, M - row0)
-                x = sh.tile((BM, HP), in_dtype)
-                og = sh.tile((BM, HP), in_dtype)
-                rog = sh.tile((BM, HP), in_dtype) if spec.has_residual_grad else None
-                rstd = sh.lane_table(BM, "float32")
-                dot = sh.lane_table(BM, "float32")
-                dx = sh.tile((BM, HP), in_dtype)
-                versions = _buffer_versions(spec)
-                sh.buffer_versions({t: versions for t in (x, og, rog, dx) if t is not None})
-                sh.copy(X[row0, 0], x)
-                sh.copy(OG[row0, 0], og)
-                if spec.has_residual_grad:
-                    sh.copy(ROG[row0, 0], rog)
-                sh.copy(RSTD[row0], rstd)
-                with sh.vector(SIMD):
-                    rows(x, og, rog, w, rstd, dot, dx, partial, valid_rows)
-                sh.copy(dx, DX[row0, 0])
-            if spec.has_weight:
-                sh.copy(partial, WS[worker, 0])
+                num_tiles = T.alloc_var("int32")
+                num_tiles = T.min(ROW_BLOCK // BM, T.ceildiv(M - block * ROW_BLOCK, BM))
+                if spec.has_weight:
+                    with sh.vector(SIMD):
+                        sh.elementwise((HP,), zero, partial)
+                for tm in T.serial(num_tiles):
+                    row0 = T.alloc_var("int32")
+                    valid_rows = T.alloc_var("int32")
+                    row0 = block * ROW_BLOCK + tm * BM
+                    valid_rows = T.min(BM, M - row0)
+                    x = sh.tile((BM, HP), in_dtype)
+                    og = sh.tile((BM, HP), in_dtype)
+                    rog = sh.tile((BM, HP), in_dtype) if spec.has_residual_grad else None
+                    rstd = sh.lane_table(BM, "float32")
+                    dot = sh.lane_table(BM, "float32")
+                    dx = sh.tile((BM, HP), in_dtype)
+                    versions = _buffer_versions(spec)
+                    sh.buffer_versions({t: versions for t in (x, og, rog, dx) if t is not None})
+                    sh.copy(X[row0, 0], x)
+                    sh.copy(OG[row0, 0], og)
+                    if spec.has_residual_grad:
+                        sh.copy(ROG[row0, 0], rog)
+                    sh.copy(RSTD[row0], rstd)
+                    with sh.vector(SIMD):
+                        rows(x, og, rog, w, rstd, dot, dx, partial, valid_rows)
+                    sh.copy(dx, DX[row0, 0])
+                if spec.has_weight:
+                    sh.copy(partial, WS[block, 0])
 
     return norm_backward_kernel
 
@@ -252,8 +251,8 @@ def build_weight_grad_reduce(spec: WeightGradReduceSpec, target: str):
     """The reduction kernel's TileLang prim_func of ``spec`` for ``target``."""
     sh = Shell(target)
     TK = sh.T
-    H, HP, P, BK = spec.hidden, padded_hidden(spec.hidden), spec.workers, REDUCE_BLOCK
-    PR = min(P, REDUCE_ROWS)
+    H, HP, BK, PR = spec.hidden, padded_hidden(spec.hidden), REDUCE_BLOCK, REDUCE_ROWS
+    NB = TK.dynamic("NB")
     out_fmt, out_dtype = spec.out_fmt, KERNEL_DTYPE[spec.out_fmt]
 
     @T.macro
@@ -273,27 +272,12 @@ def build_weight_grad_reduce(spec: WeightGradReduceSpec, target: str):
         T.evaluate(store(total[0], running.get()))
         phase_barrier()
 
-    @T.macro
-    def add_chunk(WS, parts, total, k0, p0, n):
-        sh.copy(WS[p0, k0], parts)
-        with sh.vector(SIMD):
-            if sh.in_simd:
-                add_rows_registers(parts, total, n)
-            else:
-                add_rows_lanes(parts, total, n)
-
-    def add_partials(WS, parts, total, k0):
-        # The partials in order, PR workspace rows at a time (a few on-chip bytes however many
-        # workers there are); a Python loop: the chunks are unrolled.
-        for p0 in range(0, P, PR):
-            add_chunk(WS, parts, total, k0, p0, min(PR, P - p0))
-
     def rounded(total, wg, at):
         value = at.load(total) + decode(out_fmt, at, wg)
         return F.f32_to_bf16(value) if out_fmt == "bf16" else value
 
     @TK.prim_func
-    def weight_grad_reduce_kernel(WS: TK.Tensor((P, HP), "float32"), WG: TK.Tensor((H,), out_dtype)):
+    def weight_grad_reduce_kernel(WS: TK.Tensor((NB, HP), "float32"), WG: TK.Tensor((H,), out_dtype)):
         with sh.persistent_kernel() as worker:
             for tk in sh.tiles([HP // BK], worker):
                 k0 = T.alloc_var("int32")
@@ -305,7 +289,16 @@ def build_weight_grad_reduce(spec: WeightGradReduceSpec, target: str):
                 sh.copy(WG[k0], wg)
                 with sh.vector(SIMD):
                     sh.elementwise((BK,), zero, total)
-                add_partials(WS, parts, total, k0)
+                # The partials in order, PR workspace rows at a time.
+                for chunk in T.serial(T.ceildiv(NB, PR)):
+                    num_parts = T.alloc_var("int32")
+                    num_parts = T.min(PR, NB - chunk * PR)
+                    sh.copy(WS[chunk * PR, k0], parts)
+                    with sh.vector(SIMD):
+                        if sh.in_simd:
+                            add_rows_registers(parts, total, num_parts)
+                        else:
+                            add_rows_lanes(parts, total, num_parts)
                 with sh.vector(SIMD):
                     sh.elementwise((BK,), lambda at: rounded(total, wg, at), out)
                 sh.copy(out, WG[k0])
@@ -327,22 +320,10 @@ def weight_grad_reduce_source(spec: WeightGradReduceSpec, target: str) -> str:
     return kernel_source(build_weight_grad_reduce, spec, target, **KERNEL_CONFIG)
 
 
-def cpu_row_ranges(num_rows: int, spec: NormBackwardSpec) -> list[tuple[int, int]]:
-    """The row ranges a ``cpu`` call runs on its threads, one workspace row each."""
-    return row_ranges(num_rows, spec.workers, spec.block_m, MIN_ROWS_PER_THREAD)
-
-
-def row_partials(num_rows: int, spec: NormBackwardSpec, target: str) -> torch.Tensor:
-    """int64 ``(num_rows,)``: the workspace row (partial sum) each row's ``xh · d`` goes to.
-
-    ``cpu``: the index of the row's range (``cpu_row_ranges``); elsewhere the worker of the row's
-    tile, ``(row // block_m) mod workers``. Within a partial the rows are added in increasing order.
-    """
-    rows = torch.arange(num_rows)
-    if target == "cpu":
-        stops = torch.tensor([stop for _, stop in cpu_row_ranges(num_rows, spec)])
-        return torch.bucketize(rows, stops, right=True)
-    return rows // spec.block_m % spec.workers
+def row_partials(num_rows: int) -> torch.Tensor:
+    """int64 ``(num_rows,)``: the partial sum (workspace row) of each row's ``xh · d``, its row
+    block ``row // ROW_BLOCK``; within a partial the rows are added in increasing order."""
+    return torch.arange(num_rows) // ROW_BLOCK
 
 
 def launch(call, target: str) -> None:
@@ -354,23 +335,20 @@ def launch(call, target: str) -> None:
     kernel = cached_kernel(build_norm_backward, spec, target, **KERNEL_CONFIG)
     x, og, dx = bit_view(call.x), bit_view(call.out_grad), bit_view(call.x_grad)
     rog = og if call.residual_out_grad is None else bit_view(call.residual_out_grad)
-    weight = torch.zeros(spec.hidden, dtype=x.dtype) if call.weight is None else bit_view(call.weight)
-    workspace = torch.zeros((spec.workers if spec.has_weight else 1, padded_hidden(spec.hidden)),
-                            dtype=torch.float32, device=x.device)
+    device = x.device
+    weight = torch.zeros(spec.hidden, dtype=x.dtype, device=device) if call.weight is None else bit_view(call.weight)
+    blocks = num_row_blocks(num_rows) if spec.has_weight else 1
+    workspace = torch.empty((blocks, padded_hidden(spec.hidden)), dtype=torch.float32, device=device)
     strides = (x.stride(0), og.stride(0), rog.stride(0))
 
-    def run(start: int, stop: int, partial: int) -> None:
+    def run(start: int, stop: int) -> None:
+        parts = workspace[start // ROW_BLOCK:num_row_blocks(stop)] if spec.has_weight else workspace
         kernel(x[start:stop], og[start:stop], rog[start:stop], weight, call.rstd[start:stop], dx[start:stop],
-               workspace[partial:partial + 1] if target == "cpu" else workspace, *strides)
+               parts, *strides)
 
-    if target == "cpu":
-        ranges = cpu_row_ranges(num_rows, spec)
-        index = {start: k for k, (start, _) in enumerate(ranges)}
-        launch_rows(target, lambda start, stop: run(start, stop, index[start]), num_rows, align=spec.block_m)
-    else:
-        run(0, num_rows, 0)
+    launch_rows(target, run, num_rows, align=ROW_BLOCK)
     if spec.has_weight:
-        reduce_spec = WeightGradReduceSpec(spec.hidden, spec.workers, KERNEL_FMT[call.weight_grad.dtype])
+        reduce_spec = WeightGradReduceSpec(spec.hidden, KERNEL_FMT[call.weight_grad.dtype])
         reduce = cached_kernel(build_weight_grad_reduce, reduce_spec, target, **KERNEL_CONFIG)
         reduce(workspace, bit_view(call.weight_grad))
 

@@ -10,11 +10,11 @@ Per row, every step one fp32 operation (one RNE rounding; no fused multiply-add)
 * ``dx = (g − xh · m) · rstd``, then ``+ f32(residual_out_grad)``; ``x_grad`` = ``dx`` rounded
   to x's dtype.
 
-The weight gradient ``dW_i = Σ_rows xh_i · d_i`` is summed in the kernel's order: the rows are
-dealt to ``num_partials`` partial sums (``row_partials[r]`` names the partial of row ``r``), each
-partial starts at +0.0 and adds the rounded products of its rows in increasing row order, then the
-partials are added in order ``0 .. P-1`` to +0.0, then ``f32(weight_grad)`` when accumulating,
-and the result is rounded to ``weight_grad``'s dtype.
+The weight gradient ``dW_i = Σ_rows xh_i · d_i`` is summed in the kernels' order: the rows'
+rounded products go to one partial sum per block of ``row_block`` consecutive rows (32 in the
+kernels), each from +0.0 with its rows in increasing order; the partials are added in block order
+to +0.0, then ``f32(weight_grad)`` when accumulating, and the result is rounded to
+``weight_grad``'s dtype.
 
 fp32 tensors of torch do every ``* + - /`` above with one correct rounding; bf16 outputs go
 through ``vmi_core.formats.bf16_encode`` (RNE, a NaN keeps its sign), as the kernels round.
@@ -39,38 +39,32 @@ def _round_to(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return values.clone()
 
 
-def partial_sums(terms: torch.Tensor, row_partials: torch.Tensor, num_partials: int) -> torch.Tensor:
-    """``(num_partials, H)`` fp32: partial ``p`` = +0.0, then ``+ terms[r]`` for the rows ``r`` with
-    ``row_partials[r] == p`` in increasing order, every addition rounded."""
+def block_partial_sums(terms: torch.Tensor, row_block: int) -> torch.Tensor:
+    """``(ceil(T / row_block), H)`` fp32: partial ``b`` = +0.0, then ``+ terms[r]`` for the rows
+    ``r`` of block ``b`` (``b · row_block <= r < (b + 1) · row_block``) in increasing order,
+    every addition rounded."""
     rows, hidden = terms.shape
-    sums = torch.zeros(num_partials, hidden, dtype=torch.float32)
-    if rows == 0:
-        return sums
-    order = torch.argsort(row_partials * rows + torch.arange(rows), stable=True)
-    partial_of = row_partials[order]
-    counts = torch.bincount(row_partials, minlength=num_partials)
-    starts = torch.cumsum(counts, 0) - counts
-    # Step k adds the k-th row of every partial that has one (a +0.0 for the others: the sums
-    # start at +0.0 and never become -0.0, so that addition changes nothing).
-    position = torch.arange(rows) - starts[partial_of]
-    slots = torch.full((num_partials, int(counts.max())), rows, dtype=torch.int64)
-    slots[partial_of, position] = order
-    padded = torch.cat([terms, torch.zeros(1, hidden, dtype=torch.float32)])
-    for k in range(slots.shape[1]):
-        sums += padded[slots[:, k]]
+    blocks = -(-rows // row_block)
+    # Rows past T add +0.0: the sums start at +0.0 and never become -0.0, so that changes nothing.
+    padded = torch.zeros(blocks * row_block, hidden, dtype=torch.float32)
+    padded[:rows] = terms
+    padded = padded.view(blocks, row_block, hidden)
+    sums = torch.zeros(blocks, hidden, dtype=torch.float32)
+    for k in range(row_block):
+        sums = sums + padded[:, k]
     return sums
 
 
 def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,
                   residual_out_grad: torch.Tensor | None = None, out_scale: float = 1.0,
-                  weight_grad: torch.Tensor | None = None, *, row_partials: torch.Tensor | None = None,
-                  num_partials: int = 1, flavor: str | Flavor = "ascend"
+                  weight_grad: torch.Tensor | None = None, *, row_block: int = 32,
+                  flavor: str | Flavor = "ascend"
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(x_grad, weight_grad)`` of the module docstring, on cpu tensors.
 
     ``weight_grad`` (with a weight): the buffer the gradient is added to (not written; the
-    result is a new tensor of its dtype), or None for a new x-dtype gradient. ``row_partials``:
-    int64 ``(T,)`` partial index of every row (default: one partial, all rows in order).
+    result is a new tensor of its dtype), or None for a new x-dtype gradient. ``row_block``:
+    rows per partial sum of the weight gradient.
     """
     flavor = get_flavor(flavor)
     rows, hidden = x.shape
@@ -90,12 +84,9 @@ def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor 
         return x_grad, None
     if rows == 0 and weight_grad is not None:
         return x_grad, weight_grad.clone()
-    if row_partials is None:
-        row_partials = torch.zeros(rows, dtype=torch.int64)
-    partials = partial_sums(xh * d, row_partials.to(torch.int64), num_partials)
     total = torch.zeros(hidden, dtype=torch.float32)
-    for p in range(num_partials):
-        total = total + partials[p]
+    for partial in block_partial_sums(xh * d, row_block):
+        total = total + partial
     if weight_grad is not None:
         total = total + _to_f32(weight_grad)
     return x_grad, _round_to(total, x.dtype if weight_grad is None else weight_grad.dtype)
