@@ -68,6 +68,9 @@ def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor 
     """
     flavor = get_flavor(flavor)
     rows, hidden = x.shape
+    if rows == 0:
+        new = None if weight is None else torch.zeros(hidden, dtype=x.dtype)
+        return torch.empty(0, hidden, dtype=x.dtype), new if weight_grad is None else weight_grad.clone()
     xh = _to_f32(x) * rstd[:, None]
     d = _to_f32(out_grad) * torch.tensor(out_scale, dtype=torch.float32)
     g = d if weight is None else d * _to_f32(weight)
@@ -82,8 +85,6 @@ def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor 
     x_grad = _round_to(dx, x.dtype)
     if weight is None:
         return x_grad, None
-    if rows == 0 and weight_grad is not None:
-        return x_grad, weight_grad.clone()
     total = torch.zeros(hidden, dtype=torch.float32)
     for partial in block_partial_sums(xh * d, row_block):
         total = total + partial
