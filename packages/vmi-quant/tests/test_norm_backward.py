@@ -7,7 +7,8 @@ by the op) or the dtype of an accumulation buffer. The token count is a runtime 
 runs 0 rows, 1 row, a partial work tile and a partial row block (37), and several row blocks with
 a partial last tile (101). The default set is a covering set; the full product runs under
 ``slow``. ascend-sim runs one case by default (a hidden size with a masked register tail,
-several row blocks over the 64 cores), all of them under ``slow``.
+several row blocks over the 64 cores), the ascend-flavor ones under ``slow``; the other tests reuse
+the first case's kernels.
 """
 
 from __future__ import annotations
@@ -33,21 +34,20 @@ def case_id(case) -> str:
     return f"{dtype}-H{hidden}-wg_{weight_grad}-{'rog' if residual else 'norog'}-s{out_scale}-{flavor}"
 
 
-# (x dtype, H, weight_grad, residual_out_grad, out_scale, flavor). H 96 and 160: a register tail
-# of 32 masked columns; 8192: the largest hidden size (one row per tile).
+# (x dtype, H, weight_grad, residual_out_grad, out_scale, flavor). H 96: a register tail of 32
+# masked columns. Few specialisations by default (each is a compile); the rest under slow.
 COVERING = [
-    ("bf16", 256, "fp32", True, 0.3, "ascend"),
-    ("fp32", 96, "bf16", False, 1.0, "cuda"),
-    ("bf16", 160, None, True, 1.0, "cuda"),
-    ("fp32", 8192, "new", True, 0.3, "ascend"),
+    ("bf16", 96, "bf16", True, 0.3, "ascend"),
+    ("fp32", 256, "fp32", False, 1.0, "cuda"),
+    ("bf16", 96, None, False, 1.0, "cuda"),
 ]
 FULL = [
     (dtype, hidden, weight_grad, residual, out_scale, flavor)
     for dtype, hidden, weight_grad, residual, out_scale, flavor in itertools.product(
         DTYPES, (96, 2048), (None, "new", "bf16", "fp32"), (False, True), (1.0, 0.3), ("ascend", "cuda"))
 ]
-SIM_COVERING = [("bf16", 96, "bf16", True, 0.3, "ascend")]
-SIM_FULL = [c for c in FULL if c[5] == "ascend" and c not in SIM_COVERING] + [COVERING[0], COVERING[3]]
+SIM_COVERING = [COVERING[0]]
+SIM_FULL = [c for c in FULL if c[5] == "ascend" and c not in SIM_COVERING]
 
 
 def rms_rstd(x: torch.Tensor) -> torch.Tensor:
@@ -99,6 +99,12 @@ def test_matches_reference(case):
 @pytest.mark.parametrize("case", [c for c in FULL if c not in COVERING], ids=case_id)
 def test_matches_reference_full(case):
     check_case(case, (0, 1, 37, 101, 1000))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_largest_hidden_size(dtype):
+    check_case((dtype, 8192, "new", True, 0.3, "ascend"), (1, 37))
 
 
 @pytest.mark.parametrize("case", SIM_COVERING, ids=case_id)
@@ -206,7 +212,7 @@ def test_reference_against_float64_autograd(dtype):
     # few fp32 ulp); the weight gradient within the spec's bounds (§5.4: atol 2e-3 / sqrt(P), rtol
     # 1e-4 fp32, 8e-3 bf16) for P = 1: the float64 sum uses the same fp32 rstd.
     torch.manual_seed(0)
-    hidden, rows, out_scale = 4096, 512, 0.3
+    hidden, rows, out_scale = 2048, 256, 0.3
     x = randn((rows, hidden), 21, DTYPES[dtype])
     out_grad = randn((rows, hidden), 22, DTYPES[dtype])
     residual_out_grad = randn((rows, hidden), 23, DTYPES[dtype])
@@ -218,6 +224,18 @@ def test_reference_against_float64_autograd(dtype):
     torch.testing.assert_close(x_grad, want_x_grad.to(x_grad.dtype))
     torch.testing.assert_close(weight_grad.double(), want_weight_grad, atol=2e-3,
                                rtol=8e-3 if dtype == "bf16" else 1e-4)
+
+
+def test_new_weight_grad():
+    # Without a buffer: a new x-dtype gradient (the op adds it to zeros, which leaves its bits).
+    case = COVERING[0]
+    inputs = make_inputs(case, 37, 32)
+    del inputs["weight_grad"]
+    x_grad, weight_grad = norm_backward(**inputs, out_scale=case[4])
+    want = reference.norm_backward(**inputs, out_scale=case[4])
+    assert_bitwise_equal(x_grad, want[0], "x_grad")
+    assert_bitwise_equal(weight_grad, want[1], "weight_grad")
+    assert weight_grad.dtype == inputs["x"].dtype
 
 
 def test_torch_target_and_parallel_entry_point():
