@@ -98,6 +98,8 @@ VARIANTS = {
         num_per_channels=32, use_packed_ue8m0=True),
     "batched_transpose_weight_sf-out": _transpose_into_reused_outputs,
     "per_token_cast_and_cast_back-fp32": lambda: vmi_quant.per_token_cast_and_cast_back(X.float(), "e2m1", 16),
+    "norm_backward-no-weight": lambda: vmi_quant.norm_backward(
+        X.float(), X.float(), None, torch.rand(12) + 0.5, residual_out_grad=X.float(), out_scale=0.3),
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,

@@ -12,7 +12,7 @@ import torch
 from vmi_core.registry import Option, kernel_op_entry
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import flavor_argument, resolve_flavor
-from vmi_core.testing import generator, randn
+from vmi_core.testing import compare_named, generator, randn
 
 from . import reference
 from .batched_transpose_weight_sf import BATCHED_TRANSPOSE_WEIGHT_SF
@@ -21,6 +21,8 @@ from .cast import CAST
 from .cast_back import CAST_BACK
 from .cast_back_parallel import CastBackSpec, cast_back_source
 from .cast_parallel import CastSpec, cast_source
+from .norm_backward import NORM_BACKWARD
+from .norm_backward_parallel import NormBackwardSpec, norm_backward_source
 from .per_block_cast import PER_BLOCK_CAST
 from .per_block_cast import make_spec as make_block_spec
 from .per_block_cast_lossless import PER_BLOCK_CAST_LOSSLESS
@@ -292,6 +294,45 @@ def _cast_back_source(options, target, flavor):
     return cast_back_source(spec, target)
 
 
+# --- norm_backward ---
+
+NORM_BACKWARD_OPTIONS = (
+    Option("in_dtype", "bf16", tuple(_IN_DTYPES), "dtype of x, out_grad and the weight"),
+    Option("weight_grad_dtype", "fp32", tuple(_IN_DTYPES), "dtype of the accumulated weight gradient"),
+    Option("with_residual_grad", False, help="add a residual_out_grad"),
+    Option("scaled", False, help="out_scale 0.3 (else 1.0)"),
+)
+_NORM_EPS = 1e-6
+
+
+def _norm_backward_inputs(shape, options, seed):
+    dtype = _IN_DTYPES[options["in_dtype"]]
+    rows, hidden = shape
+    x = randn(shape, seed, dtype)
+    inputs = {
+        "out_grad": randn(shape, seed + 1, dtype),
+        "x": x,
+        "weight": randn((hidden,), seed + 2, dtype),
+        # The forward's saved rstd.
+        "rstd": torch.rsqrt(x.float().square().mean(-1) + _NORM_EPS),
+        "weight_grad": randn((hidden,), seed + 3, _IN_DTYPES[options["weight_grad_dtype"]]),
+    }
+    if options["with_residual_grad"]:
+        inputs["residual_out_grad"] = randn(shape, seed + 4, dtype)
+    return inputs
+
+
+def _norm_backward_arguments(inputs, options, flavor):
+    return {"out_scale": 0.3 if options["scaled"] else 1.0}
+
+
+def _norm_backward_source(options, target, flavor):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    spec = NormBackwardSpec(options["in_dtype"], 4096, True, options["with_residual_grad"],
+                            0.3 if options["scaled"] else 1.0, flavor.name)
+    return norm_backward_source(spec, target)
+
+
 OPS = [
     kernel_op_entry(
         PER_TOKEN_CAST,
@@ -339,6 +380,25 @@ OPS = [
         targets=_PARALLEL_TARGETS,
         make_inputs=_pcc_inputs,
         source=_pcc_source,
+    ),
+    kernel_op_entry(
+        NORM_BACKWARD,
+        arguments=_norm_backward_arguments,
+        check=compare_named(("x_grad", "weight_grad")),
+        family="quant",
+        summary="RMSNorm backward: x_grad, and the weight gradient accumulated into a bf16/fp32 buffer "
+                "(deterministic partial sums)",
+        default_shape=(1024, 4096),
+        bench_shapes=((8001, 7168), (4096, 4096), (1024, 4096), (16, 7168)),
+        options=NORM_BACKWARD_OPTIONS,
+        targets={
+            "cpu": "runs; bit-exact against the reference in both flavors, with and without weight",
+            "ascend": "lowers to AscendC (SIMD vector regions); runs on ascend-sim, not yet on an NPU",
+            "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference (ascend flavor)",
+            "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
+        },
+        make_inputs=_norm_backward_inputs,
+        source=_norm_backward_source,
     ),
     kernel_op_entry(
         PER_BLOCK_CAST_LOSSLESS,

@@ -351,11 +351,32 @@ def transpose_weight_sf_baseline(op, options):
                          "int16/int32 words, expand over the block's rows into one pool", chunks=False)
 
 
+# --- norm_backward ---
+
+def norm_backward_baseline(op, options):
+    out_scale = 0.3 if options["scaled"] else 1.0
+
+    def run(inputs, flavor, rows):
+        x, rstd = inputs["x"], inputs["rstd"][:, None]
+        xh = x.float() * rstd
+        d = inputs["out_grad"].float() * out_scale
+        g = d * inputs["weight"].float()
+        m = (xh * g).sum(-1, keepdim=True) / x.shape[1]
+        x_grad = (g - xh * m) * rstd
+        if "residual_out_grad" in inputs:
+            x_grad = x_grad + inputs["residual_out_grad"].float()
+        weight_grad = inputs["weight_grad"]
+        return x_grad.to(x.dtype), ((xh * d).sum(0) + weight_grad.float()).to(weight_grad.dtype)
+    return Baseline(run, "torch ops in fp32: xh = x * rstd, (xh * g).sum(-1) / H, (g - xh * m) * rstd, "
+                         "(xh * d).sum(0) + weight_grad", same_bits=False, chunks=False)
+
+
 BASELINES = {
     "per_token_cast": per_token_cast_baseline,
     "per_token_cast_and_cast_back": round_trip_baseline,
     "per_block_cast": per_block_cast_baseline,
     "per_channel_cast": per_channel_cast_baseline,
+    "norm_backward": norm_backward_baseline,
     "per_block_cast_lossless": lossless_baseline,
     "cast": cast_baseline,
     "cast_back": cast_back_baseline,
