@@ -276,6 +276,10 @@ def build_weight_grad_reduce(spec: WeightGradReduceSpec, target: str):
         value = at.load(total) + decode(out_fmt, at, wg)
         return F.f32_to_bf16(value) if out_fmt == "bf16" else value
 
+    @T.macro
+    def add_buffer(total, wg, out):
+        sh.elementwise((BK,), lambda at: rounded(total, wg, at), out)
+
     @TK.prim_func
     def weight_grad_reduce_kernel(WS: TK.Tensor((NB, HP), "float32"), WG: TK.Tensor((H,), out_dtype)):
         with sh.persistent_kernel() as worker:
@@ -300,7 +304,7 @@ def build_weight_grad_reduce(spec: WeightGradReduceSpec, target: str):
                         else:
                             add_rows_lanes(parts, total, num_parts)
                 with sh.vector(SIMD):
-                    sh.elementwise((BK,), lambda at: rounded(total, wg, at), out)
+                    add_buffer(total, wg, out)
                 sh.copy(out, WG[k0])
 
     return weight_grad_reduce_kernel
