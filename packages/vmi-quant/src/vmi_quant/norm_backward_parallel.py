@@ -166,15 +166,13 @@ def build_norm_backward(spec: NormBackwardSpec, target: str):
 
     @T.macro
     def weight_partial_lanes(x, og, rstd, partial, valid_rows):
-        # One lane per column, the tile's rows in order in a per-lane scalar (partial is stored
-        # once: see the shell's note on barriers in thread-guarded loops).
-        for j in T.Parallel(HP):
-            running = T.alloc_var("float32")
-            running = partial[j]
-            for r in T.serial(valid_rows):
+        # The tile's rows in order, one lane per column: the rows outer, so that the column loop
+        # runs over consecutive elements (vectorised on cpu); the loop over the rows is outside the
+        # lanes' branch, so its barriers (cuda) are taken by every thread.
+        for r in T.serial(valid_rows):
+            for j in T.Parallel(HP):
                 xh, d = xh_and_d(x, og, rstd, ElementAt((r,), j))
-                running = running + masked(ElementAt((r,), j), xh * d)
-            partial[j] = running
+                partial[j] = partial[j] + masked(ElementAt((r,), j), xh * d)
 
     @T.macro
     def weight_partial_registers(x, og, rstd, partial, valid_rows):
