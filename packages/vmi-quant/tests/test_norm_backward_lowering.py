@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import pytest
 
+from vmi_core.ascend_sim import UB_BYTES
+from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.norm_backward_parallel import (
+    KERNEL_CONFIG,
     NormBackwardSpec,
     WeightGradReduceSpec,
+    build_norm_backward,
     norm_backward_source,
     weight_grad_reduce_source,
 )
@@ -27,7 +31,8 @@ from vmi_quant.norm_backward_parallel import (
 # the largest hidden size, fp32, without weight or residual gradient.
 # The default specs are those test_norm_backward runs on ascend-sim (their lowering is shared).
 ROW_SPECS = [NormBackwardSpec("bf16", 96, True, True, 0.3, "ascend")]
-MORE_ROW_SPECS = [NormBackwardSpec("fp32", 8192, False, False, 1.0, "ascend")]
+MORE_ROW_SPECS = [NormBackwardSpec("fp32", 8192, False, False, 1.0, "ascend"),
+                  NormBackwardSpec("fp32", 8192, True, True, 0.3, "ascend")]
 CUDA_ROW_SPECS = [NormBackwardSpec("bf16", 96, True, True, 0.3, "cuda")]
 MORE_CUDA_ROW_SPECS = [NormBackwardSpec("fp32", 96, False, False, 0.3, "cuda")]
 REDUCE_SPECS = [WeightGradReduceSpec(96, "bf16")]
@@ -58,6 +63,9 @@ def test_ascend_row_kernel(spec):
 @pytest.mark.parametrize("spec", MORE_ROW_SPECS, ids=_id)
 def test_ascend_row_kernel_more(spec):
     _check_ascend_row_kernel(spec)
+    # The largest tiles (fp32, H 8192, every input) fit the vector core's unified buffer.
+    lowering = lower_ascend(build_norm_backward(spec, "ascend"), "ascend", **KERNEL_CONFIG)
+    assert lowering.ub_bytes <= UB_BYTES
 
 
 @pytest.mark.parametrize("spec", REDUCE_SPECS + MORE_REDUCE_SPECS, ids=_id)
