@@ -100,10 +100,12 @@ class WeightGradReduceSpec:
 
 
 def _buffer_versions(spec: NormBackwardSpec) -> int:
-    """2 (DMA overlaps compute) when the double-buffered tiles fit the Ascend UB, else 1."""
+    """Versions of the per-tile input and output tiles: 2 (DMA overlaps compute) when they fit the
+    Ascend UB next to the weight, the partial row (two versions: its store overlaps the next row
+    block) and the per-row tables; else 1."""
     hp, bm = padded_hidden(spec.hidden), spec.block_m
     io_tiles = 3 + spec.has_residual_grad
-    fixed = hp * 4 + hp * _BYTES[spec.in_fmt] + 2 * (bm + LANES) * 4 + hp * 4
+    fixed = hp * _BYTES[spec.in_fmt] + 2 * hp * 4 + 2 * (bm + LANES) * 4
     return 2 if fixed + 2 * io_tiles * bm * hp * _BYTES[spec.in_fmt] <= UB_BYTES else 1
 
 
@@ -148,16 +150,16 @@ def build_norm_backward(spec: NormBackwardSpec, target: str):
         # Columns past H hold zeros (cpu) or stale data (Ascend DMA): keep them out of the sums.
         return value if H == HP else select(at.column() < H, value, T.float32(0))
 
-    def grad(xh, d, w, at):
+    def grad(d, w, at):
         return d * weight_value(w, at) if spec.has_weight else d
 
     def dot_term(x, og, w, rstd, at):
         xh, d = xh_and_d(x, og, rstd, at)
-        return masked(at, xh * grad(xh, d, w, at))
+        return masked(at, xh * grad(d, w, at))
 
     def x_grad(x, og, rog, w, rstd, dot, at):
         xh, d = xh_and_d(x, og, rstd, at)
-        g = grad(xh, d, w, at)
+        g = grad(d, w, at)
         m = row_value(dot, at) * inv_hidden if ascend_flavor else row_value(dot, at) / T.float32(H)
         dx = (g - xh * m) * row_value(rstd, at)
         if spec.has_residual_grad:
@@ -207,8 +209,8 @@ def build_norm_backward(spec: NormBackwardSpec, target: str):
         x_stride: TK.int32, og_stride: TK.int32, rog_stride: TK.int32,
     ):
         with sh.persistent_kernel() as worker:
-            w = sh.tile((HP,), in_dtype)
-            partial = sh.tile((HP,), "float32")
+            w = sh.tile((HP,), in_dtype) if spec.has_weight else None
+            partial = sh.tile((HP,), "float32") if spec.has_weight else None
             if spec.has_weight:
                 sh.copy(W[0], w)
             for block in sh.tiles([T.ceildiv(M, ROW_BLOCK)], worker):
