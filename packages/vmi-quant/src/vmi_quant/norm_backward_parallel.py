@@ -188,9 +188,20 @@ def build_norm_backward(spec: NormBackwardSpec, target: str):
         phase_barrier()
 
     @T.macro
+    def x_grad_lanes(x, og, rog, w, rstd, dot, dx):
+        # Row by row: the row's rstd and dot are loop invariants and the columns consecutive
+        # elements (vectorised on cpu; the shell's element-wise loop flattens the tile).
+        for r in T.serial(BM):
+            for j in T.Parallel(HP):
+                dx[r, j] = x_grad(x, og, rog, w, rstd, dot, ElementAt((r,), j))
+
+    @T.macro
     def rows(x, og, rog, w, rstd, dot, dx, partial, valid_rows):
         sh.row_sum(dot, (BM, HP), lambda at: dot_term(x, og, w, rstd, at))
-        sh.elementwise((BM, HP), lambda at: x_grad(x, og, rog, w, rstd, dot, at), dx)
+        if sh.in_simd:
+            sh.elementwise((BM, HP), lambda at: x_grad(x, og, rog, w, rstd, dot, at), dx)
+        else:
+            x_grad_lanes(x, og, rog, w, rstd, dot, dx)
         if spec.has_weight:
             if sh.in_simd:
                 weight_partial_registers(x, og, rstd, partial, valid_rows)
