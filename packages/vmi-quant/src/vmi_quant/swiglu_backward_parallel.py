@@ -218,6 +218,12 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
                 sb[i, g] = XSF[T.min(row0 + i, M - 1), groups + g]
 
     @T.macro
+    def backward(xa, xb, sa, sb, gt, w_row, valid_row, clamp, outs, act_f, weight_sum):
+        sh.elementwise((BM, H), lambda at: backward_terms(xa, xb, sa, sb, gt, w_row, valid_row, clamp, at), outs)
+        if spec.weights:
+            sh.row_sum(weight_sum, (BM, H), lambda at: (decode(spec.grad_fmt, at, gt), at.load(act_f)), fused=True)
+
+    @T.macro
     def quantize_half(v, amax, sf_val, sf_inv, q):
         sh.segment_reduce(amax, (BM, H), npc, lambda at: F.abs_bits(at.load(v)), "max", F.u32(0))
         sh.elementwise(scale_domain, lambda at: scale_from_amax(spec.rule, at.load(amax)), (sf_val, sf_inv))
@@ -280,11 +286,7 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
                 with sh.vector(SIMT):
                     row_setup(TOPK, PSUM, XSF, w_row, valid_row, sa, sb, row0, row_base, alignment, rsf)
                 with sh.vector(SIMD):
-                    sh.elementwise((BM, H), lambda at: backward_terms(xa, xb, sa, sb, gt, w_row, valid_row, clamp,
-                                                                      at), tuple(outs))
-                    if spec.weights:
-                        sh.row_sum(weight_sum, (BM, H), lambda at: (decode(spec.grad_fmt, at, gt), at.load(act_f)),
-                                   fused=True)
+                    backward(xa, xb, sa, sb, gt, w_row, valid_row, clamp, tuple(outs), act_f, weight_sum)
                     if quantized:
                         quantize_half(va, amax, sfv_a, inv_a, qa)
                         quantize_half(vb, amax, sfv_b, inv_b, qb)

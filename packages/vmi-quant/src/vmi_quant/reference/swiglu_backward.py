@@ -95,7 +95,8 @@ def swiglu_backward(a: torch.Tensor, b: torch.Tensor, act_x_grad: torch.Tensor, 
     d_a, d_b, act_out = (torch.where(row_valid, t, zero) for t in (d_a, d_b, act_out))
     weight_grad = None
     if topk_weights is not None:
-        weight_grad = lane_sum_fused(g, act)
+        # (The lane sum of no rows is no sums.)
+        weight_grad = lane_sum_fused(g, act) if g.shape[0] else torch.zeros(0)
         if routed_scaling_factor is not None:
             weight_grad = weight_grad * torch.tensor(routed_scaling_factor, dtype=torch.float32)
         weight_grad = torch.where(valid, weight_grad, torch.zeros_like(weight_grad))
