@@ -343,11 +343,14 @@ def swiglu_backward_and_per_token_cast(x: tuple[torch.Tensor, torch.Tensor], act
         fmt: Must be ``"e4m3"``.
         num_per_channels: Channels per scaling group, of the input SF and of the output: 32 or 128;
             ``H`` must be a multiple of it.
-        psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value, do_recompute:
-            As for ``swiglu_backward``.
+        psum_num_tokens_per_expert: As for ``swiglu_backward``.
+        topk_weights: As for ``swiglu_backward``.
+        routed_scaling_factor: As for ``swiglu_backward``.
         use_tma_aligned_col_major_sf: Return the SF as a column-major view (as ``per_token_cast``).
         round_sf: Round each scale up to a power of two.
         use_packed_ue8m0: Packed UE8M0 SF in the flavor's words (needs ``round_sf``).
+        clamp_value: As for ``swiglu_backward``.
+        do_recompute: As for ``swiglu_backward`` (``act_out`` in bf16).
         target: As for ``swiglu_backward``.
         flavor: As for ``swiglu_backward``.
 
