@@ -21,7 +21,7 @@ from vmi_quant.swiglu_backward import make_spec
 from vmi_quant.swiglu_backward_parallel import swiglu_backward_source
 
 # (x format, grad format, npc, packed SF, flavor, weights, clamp, recompute, psum, H). The first
-# two are the kernels of the default ascend-sim and cpu E4M3 tests (their lowering is cached).
+# is the kernel of the default ascend-sim test (its lowering is cached).
 CASES = [
     ("bf16", "bf16", None, False, "ascend", True, True, True, True, 128),
     ("e4m3", "bf16", 32, True, "ascend", True, True, True, True, 256),
