@@ -49,6 +49,8 @@ def cast_bwd(x=QX, grad=G, fmt="e4m3", npc=32, **kwargs):
     (lambda: bwd(X[:, :192], G[:, :96], "bf16"), ValueError, "multiple of 64"),
     (lambda: bwd(torch.zeros(2, 2 * 8256, dtype=torch.bfloat16), torch.zeros(2, 8256, dtype=torch.bfloat16),
                  "bf16"), ValueError, "at most 8192"),
+    (lambda: bwd(torch.zeros(2, 2 * 8192), torch.zeros(2, 8192), "fp32", do_recompute=True, target="ascend-sim"),
+     ValueError, "too large for the Ascend UB"),
     (lambda: bwd(X.t().contiguous().t(), G, "bf16"), ValueError, "x must have unit stride"),
     (lambda: bwd(X.view(2, 8, 256).transpose(0, 1), G, "bf16"), ValueError, "3-D and contiguous"),
     (lambda: bwd(X, G.float(), "bf16"), TypeError, "act_x_grad must have the dtype of x"),

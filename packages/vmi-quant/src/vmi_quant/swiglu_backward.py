@@ -162,6 +162,10 @@ def _prepare(quantized, x, x_sf, act_x_grad, fmt, num_per_channels, psum, topk_w
                      weights=topk_weights is not None, clamp=clamp_value is not None, recompute=do_recompute,
                      psum=psum is not None, num_per_channels=npc if quantized else None, round_sf=round_sf,
                      sf_layout=layout)
+    if target in ("ascend", "ascend-sim") and parallel.ascend_ub_bytes(spec) > parallel.ASCEND_UB_BYTES:
+        raise ValueError(f"the hidden size {hidden} is too large for the Ascend UB with these options (a work tile "
+                         f"holds whole rows: {parallel.ascend_ub_bytes(spec)} bytes, at most "
+                         f"{parallel.ASCEND_UB_BYTES})")
     call = SwigluBackwardCall(spec, flavor, x, x_sf if quantized else None, act_x_grad, psum, topk_weights,
                               routed_scaling_factor, clamp_value, alignment, x_grad, x_grad_fp8, x_grad_fp8_sf,
                               weight_grad, act_out)
@@ -279,7 +283,8 @@ def swiglu_backward(x: torch.Tensor, act_x_grad: torch.Tensor, fmt: str,
 
     Args:
         x: bf16/fp32 ``(N, 2H)`` (unit stride along the width, any row stride) or contiguous
-            ``(B, N', 2H)``, flattened to ``N = B · N'`` rows; ``H`` a multiple of 64, at most 8192.
+            ``(B, N', 2H)``, flattened to ``N = B · N'`` rows; ``H`` a multiple of 64, at most 8192
+            (on Ascend targets: as long as a tile of whole rows fits the UB).
         act_x_grad: The gradient of the SwiGLU output: ``(N, H)`` (or contiguous 3-D, flattened)
             of x's dtype.
         fmt: Output dtype of ``x_grad`` and ``act_out``: ``"bf16"`` or ``"fp32"``.
@@ -307,7 +312,8 @@ def swiglu_backward(x: torch.Tensor, act_x_grad: torch.Tensor, fmt: str,
             ``psum_num_tokens_per_expert`` is not a tensor or has the wrong dtype (``act_x_grad``
             must have x's dtype); a number or flag has the wrong type.
         ValueError: ``fmt`` is not ``"bf16"``/``"fp32"``; a tensor has the wrong shape, strides or
-            device; ``H`` is not a multiple of 64 or above 8192; ``psum_num_tokens_per_expert`` is
+            device; ``H`` is not a multiple of 64, above 8192 or (``ascend``, ``ascend-sim``) too
+            large for the UB with these options; ``psum_num_tokens_per_expert`` is
             empty or decreasing; ``routed_scaling_factor`` without ``topk_weights``; a factor is
             not finite or ``clamp_value`` negative; ``target``/``flavor`` as for every op.
     """

@@ -79,6 +79,26 @@ def block_rows(hidden: int) -> int:
     return max(1, min(_MAX_BLOCK_ROWS, _ELEMENTS_PER_TILE // hidden))
 
 
+# The Ascend UB a vector core gives a kernel with a SIMT region (spec quant-b §0.1).
+ASCEND_UB_BYTES = 216 * 1024
+_BYTES = {"bf16": 2, "fp32": 4, "e4m3": 1}
+
+
+def ascend_ub_bytes(spec: SwigluBackwardSpec) -> int:
+    """The UB the tiles of ``spec`` take on Ascend (the inputs in two buffer versions)."""
+    H, rows = spec.hidden, block_rows(spec.hidden)
+    row_elements = rows * H
+    total = 2 * row_elements * (2 * _BYTES[spec.in_fmt] + _BYTES[spec.grad_fmt])
+    total += row_elements * 2 * _BYTES[spec.out_fmt]
+    total += row_elements * _BYTES[spec.out_fmt] if spec.recompute else 0
+    total += row_elements * 4 if spec.weights else 0
+    if spec.num_per_channels is not None:
+        total += row_elements * (2 * 4 + 2)
+        groups = -(-(H // spec.num_per_channels) // LANES) * LANES
+        total += 7 * (rows + 1) * groups * 4
+    return total
+
+
 def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
     """The TileLang prim_func of ``spec`` for ``target``."""
     sh = Shell(target)
