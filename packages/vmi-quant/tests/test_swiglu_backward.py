@@ -201,6 +201,27 @@ def test_matches_reference_on_ascend_sim_full(case):
     _check_case(case, target="ascend-sim", offset=SIM_FULL.index(case))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden", [3584, 7168])
+def test_large_shape(hidden):
+    # TileKernels' MoE test sizes: 4001 tokens, one row per work tile; psum padding included.
+    case = ("e4m3", "bf16", 32, "packed-col", "ascend", True, 2.5, 0.5, True, True, hidden)
+    set_token_alignment(128)
+    try:
+        psum = _psum([700, 0, 1500, 1400], 128)
+        x, grad, topk = _inputs(case, 4001, 31, psum=psum)
+        got = _run(case, x, grad, topk, psum, None, "ascend")
+        valid = expert_rows(psum, 4001, 128)
+        a, b = reference_backward.dequantize_halves(x, 32)
+        d_a, d_b, act_out, weight_grad = reference_backward.swiglu_backward(a, b, grad, valid, topk, 2.5, 0.5)
+        full = torch.cat([d_a, d_b], dim=1)
+        want = [full.bfloat16(), reference_backward.quantize_grad(full, valid, 32, **SF_OPTIONS["packed-col"]),
+                weight_grad, act_out.bfloat16()]
+    finally:
+        reset_runtime_config()
+    _assert_results(got, want, f"H={hidden}")
+
+
 def test_flavors_differ_where_the_spec_says():
     # fp32 outputs of COVERING[1] and [2]: the fused 1 + a'(1 - s) of the cuda flavor changes
     # some dA bits; dB never depends on it; the ascend flavor flushes the subnormal sigmoid of
