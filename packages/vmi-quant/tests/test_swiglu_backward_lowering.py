@@ -20,13 +20,13 @@ from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.swiglu_backward import make_spec
 from vmi_quant.swiglu_backward_parallel import swiglu_backward_source
 
-# (x format, grad format, npc, packed SF, flavor, weights, clamp, recompute, psum, H). The first
-# is the kernel of the default ascend-sim test (its lowering is cached).
+# (x format, grad format, npc, packed SF, flavor, weights, clamp, recompute, psum, H). The plain
+# path's source runs in the default ascend-sim test; its assertions here run under ``slow``.
 CASES = [
-    ("bf16", "bf16", None, False, "ascend", True, True, True, True, 128),
     ("e4m3", "bf16", 32, True, "ascend", True, True, True, True, 256),
 ]
 MORE_CASES = [
+    ("bf16", "bf16", None, False, "ascend", True, True, True, True, 128),
     ("fp32", "fp32", None, False, "ascend", False, False, False, False, 64),
     ("e4m3", "fp32", 128, False, "ascend", False, False, False, True, 384),
     ("e4m3", "bf16", 32, False, "ascend", True, False, True, False, 128),
