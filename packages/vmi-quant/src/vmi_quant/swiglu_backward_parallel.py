@@ -93,6 +93,8 @@ def ascend_ub_bytes(spec: SwigluBackwardSpec) -> int:
     total += row_elements * _BYTES[spec.out_fmt] if spec.recompute else 0
     total += row_elements * 4 if spec.weights else 0
     if spec.num_per_channels is not None:
+        # The fp32 gradient halves and their E4M3 codes; seven padded tiles of per-group values
+        # (input scales, amax, SF and multipliers of both halves), counted as 4-byte values.
         total += row_elements * (2 * 4 + 2)
         groups = -(-(H // spec.num_per_channels) // LANES) * LANES
         total += 7 * (rows + 1) * groups * 4
