@@ -100,6 +100,9 @@ VARIANTS = {
     "per_token_cast_and_cast_back-fp32": lambda: vmi_quant.per_token_cast_and_cast_back(X.float(), "e2m1", 16),
     "norm_backward-no-weight": lambda: vmi_quant.norm_backward(
         X.float(), X.float(), None, torch.rand(12) + 0.5, residual_out_grad=X.float(), out_scale=0.3),
+    "swiglu_backward_and_per_token_cast-packed-col-major": lambda: vmi_quant.swiglu_backward_and_per_token_cast(
+        vmi_quant.reference.cast(X, "e4m3", (1, 128)), X[:, :128], "e4m3", 128, use_tma_aligned_col_major_sf=True,
+        round_sf=True, use_packed_ue8m0=True, clamp_value=0.5, do_recompute=True),
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,

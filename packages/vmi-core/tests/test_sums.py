@@ -113,6 +113,12 @@ def test_lane_sum_is_the_lane_order(cols):
     assert_bitwise_equal(got, want, "lane_sum_fused")
 
 
+def test_lane_sum_of_no_rows_and_empty_rows():
+    assert lane_sum(torch.zeros(0, 100)).shape == (0,)
+    assert lane_sum_fused(torch.zeros(2, 0, 100), torch.zeros(2, 0, 100)).shape == (2, 0)
+    assert_bitwise_equal(lane_sum(torch.zeros(3, 0)), torch.zeros(3), "sum of no terms")
+
+
 def test_lane_sum_order_matters():
     # The same terms in torch's own summation order give other bits for some rows.
     x = spread((64, 448), 3)

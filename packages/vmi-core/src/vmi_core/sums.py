@@ -32,7 +32,7 @@ def _chunks(t: torch.Tensor) -> torch.Tensor:
     """``t`` as ``(..., n / 64, 64)`` after padding its last dimension with zeros."""
     pad = -t.shape[-1] % LANES
     t = F.pad(t, (0, pad)) if pad else t
-    return t.reshape(*t.shape[:-1], -1, LANES)
+    return t.reshape(*t.shape[:-1], t.shape[-1] // LANES, LANES)
 
 
 def _fold(partials: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,8 @@ from .per_token_cast import (
 from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
 from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_parallel
 from .per_token_cast_parallel import per_token_cast_parallel
+from .swiglu_backward import swiglu_backward, swiglu_backward_and_per_token_cast
+from .swiglu_backward_parallel import swiglu_backward_and_per_token_cast_parallel, swiglu_backward_parallel
 
 __version__ = "0.1.0"
 
@@ -63,5 +65,9 @@ __all__ = [
     "reset_runtime_config",
     "set_token_alignment",
     "set_amax_clamp_for_quant",
+    "swiglu_backward",
+    "swiglu_backward_and_per_token_cast",
+    "swiglu_backward_and_per_token_cast_parallel",
+    "swiglu_backward_parallel",
     "unpack_from_e2m1fn_x2",
 ]

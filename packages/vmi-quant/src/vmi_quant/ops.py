@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from vmi_core.registry import Option, kernel_op_entry
-from vmi_core.sf_layout import SFLayout
+from vmi_core.sf_layout import SFLayout, align
 from vmi_core.targets import flavor_argument, resolve_flavor
 from vmi_core.testing import compare_named, generator, randn
 
@@ -21,6 +21,7 @@ from .cast import CAST
 from .cast_back import CAST_BACK
 from .cast_back_parallel import CastBackSpec, cast_back_source
 from .cast_parallel import CastSpec, cast_source
+from .config import get_token_alignment
 from .norm_backward import NORM_BACKWARD
 from .norm_backward_parallel import NormBackwardSpec, norm_backward_source
 from .per_block_cast import PER_BLOCK_CAST
@@ -37,6 +38,9 @@ from .per_token_cast_and_cast_back import PER_TOKEN_CAST_AND_CAST_BACK
 from .per_token_cast_and_cast_back import make_spec as make_round_trip_spec
 from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_source
 from .per_token_cast_parallel import per_token_cast_source
+from .swiglu_backward import SWIGLU_BACKWARD, SWIGLU_BACKWARD_AND_PER_TOKEN_CAST
+from .swiglu_backward import make_spec as make_swiglu_backward_spec
+from .swiglu_backward_parallel import swiglu_backward_source
 
 _IN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -221,6 +225,86 @@ def _transpose_inputs(shape, options, seed):
 def _transpose_source(options, target, flavor):
     flavor = resolve_flavor(target, flavor_argument(target, flavor))
     return batched_transpose_weight_sf_source(TransposeSpec(options["block_size"], flavor.ue8m0_pack), target)
+
+
+# --- swiglu_backward(_and_per_token_cast) ---
+# Shapes are (tokens, hidden): x is (tokens, 2 * hidden).
+
+SWIGLU_BACKWARD_OPTIONS = (
+    Option("fmt", "bf16", ("bf16", "fp32"), "dtype of x, act_x_grad and the outputs"),
+    Option("weights", True, help="topk_weights and routed_scaling_factor 2.5 (the weight gradient)"),
+    Option("psum", True, help="rows in 8 experts of the psum layout (token alignment padding)"),
+    Option("clamp", False, help="clamp_value 10"),
+    Option("do_recompute", False, help="also return the recomputed activation"),
+)
+SWIGLU_BACKWARD_CAST_OPTIONS = (
+    Option("num_per_channels", 32, (32, 128), "channels per scaling factor (input and output)"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+    *SWIGLU_BACKWARD_OPTIONS[1:],
+)
+_SWIGLU_EXPERTS = 8
+_SWIGLU_DEFAULT_SHAPE = (4096, 2048)
+# MoE expert rows at DeepSeek-V3/V4 intermediate sizes, and a decode-size call.
+_SWIGLU_BENCH_SHAPES = ((4096, 2048), (2048, 3584), (128, 2048))
+
+
+def _swiglu_psum(num_tokens: int, seed: int) -> torch.Tensor:
+    """A psum layout of up to 8 experts over ``num_tokens`` rows: random expert sizes, each expert
+    starting at the token alignment (experts that no longer fit are left out)."""
+    alignment = get_token_alignment()
+    share = torch.rand(_SWIGLU_EXPERTS, generator=generator(seed))
+    counts = (share / share.sum() * num_tokens * 0.9).long().tolist()
+    ends, start = [], 0
+    for count in counts:
+        start = align(start, alignment)
+        if start + count > num_tokens:
+            break
+        ends.append(start + count)
+        start += count
+    return torch.tensor(ends or [0], dtype=torch.int32)
+
+
+def _swiglu_inputs(shape, options, seed, x_dtype=None):
+    tokens, hidden = shape
+    dtype = x_dtype or _IN_DTYPES[options["fmt"]]
+    inputs = {"x": randn((tokens, 2 * hidden), seed, dtype), "act_x_grad": randn((tokens, hidden), seed + 1, dtype)}
+    if options["weights"]:
+        inputs["topk_weights"] = torch.rand(tokens, generator=generator(seed + 2))
+    if options["psum"]:
+        inputs["psum_num_tokens_per_expert"] = _swiglu_psum(tokens, seed + 3)
+    return inputs
+
+
+def _swiglu_cast_inputs(shape, options, seed):
+    inputs = _swiglu_inputs(shape, options, seed, torch.bfloat16)
+    inputs["x"], inputs["x_sf"] = reference.cast(inputs["x"], "e4m3", (1, options["num_per_channels"]))
+    return inputs
+
+
+def _swiglu_arguments(inputs, options, flavor):
+    return {"routed_scaling_factor": 2.5 if options["weights"] else None,
+            "clamp_value": 10.0 if options["clamp"] else None}
+
+
+def _swiglu_cast_arguments(inputs, options, flavor):
+    return {"fmt": "e4m3", **_swiglu_arguments(inputs, options, flavor)}
+
+
+def _swiglu_spec(options, target, flavor, quantized: bool):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    hidden = _SWIGLU_DEFAULT_SHAPE[1]
+    flags = dict(weights=options["weights"], clamp=options["clamp"], recompute=options["do_recompute"],
+                 psum=options["psum"])
+    if not quantized:
+        fmt = options["fmt"]
+        return make_swiglu_backward_spec(fmt, fmt, fmt, hidden, flavor, **flags)
+    layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"],
+                         col_major=options["use_tma_aligned_col_major_sf"])
+    return make_swiglu_backward_spec("e4m3", "bf16", "bf16", hidden, flavor, **flags,
+                                     num_per_channels=options["num_per_channels"], round_sf=options["round_sf"],
+                                     sf_layout=layout)
 
 
 # Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
@@ -466,5 +550,31 @@ OPS = [
         make_inputs=_cast_back_inputs,
         source=_cast_back_source,
         aliases=("per_token_cast_back",),
+    ),
+    kernel_op_entry(
+        SWIGLU_BACKWARD,
+        arguments=_swiglu_arguments,
+        family="quant",
+        summary="SwiGLU backward (gradients of gate and up, weight gradient, recomputed activation) in bf16/fp32",
+        default_shape=_SWIGLU_DEFAULT_SHAPE,
+        bench_shapes=_SWIGLU_BENCH_SHAPES,
+        options=SWIGLU_BACKWARD_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_swiglu_inputs,
+        source=lambda options, target, flavor: swiglu_backward_source(
+            _swiglu_spec(options, target, flavor, False), target),
+    ),
+    kernel_op_entry(
+        SWIGLU_BACKWARD_AND_PER_TOKEN_CAST,
+        arguments=_swiglu_cast_arguments,
+        family="quant",
+        summary="SwiGLU backward of an E4M3 input, the gradient also quantized per token to E4M3 (2H wide)",
+        default_shape=_SWIGLU_DEFAULT_SHAPE,
+        bench_shapes=_SWIGLU_BENCH_SHAPES,
+        options=SWIGLU_BACKWARD_CAST_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_swiglu_cast_inputs,
+        source=lambda options, target, flavor: swiglu_backward_source(
+            _swiglu_spec(options, target, flavor, True), target),
     ),
 ]

@@ -12,7 +12,8 @@ import torch
 
 from vmi_core.bench import Baseline, chunked_reference, in_row_chunks
 from vmi_core.targets import get_flavor
-from vmi_quant.config import get_amax_clamp_for_quant
+from vmi_quant.config import get_amax_clamp_for_quant, get_token_alignment
+from vmi_quant.inputs import expert_rows
 
 _Q = {"e4m3": 448.0, "e2m1": 6.0}
 _E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -371,6 +372,76 @@ def norm_backward_baseline(op, options):
                          "(xh * d).sum(0) + weight_grad", same_bits=False, chunks=False)
 
 
+# --- swiglu_backward(_and_per_token_cast) ---
+
+def _swiglu_backward_terms(x, g, w, valid, rsf, clamp, do_recompute):
+    """fp32 ``(x_grad, weight_grad, act_out)`` of rows ``x`` (``(n, 2H)`` fp32), ``g`` (``(n, H)``)."""
+    a, b = x.chunk(2, dim=1)
+    gate_grad = up_grad = None
+    if clamp is not None:
+        gate_grad, up_grad = a <= clamp, b.abs() <= clamp
+        a, b = a.clamp(max=clamp), b.clamp(-clamp, clamp)
+    s = torch.sigmoid(a)
+    silu = a * s
+    weight = valid.float() if w is None else torch.where(valid, w * rsf, 0.0)
+    gw = g * weight.unsqueeze(1)
+    d_a = gw * s * b * (1 + a * (1 - s))
+    d_b = gw * silu
+    if clamp is not None:
+        d_a, d_b = d_a * gate_grad, d_b * up_grad
+    act = silu * b
+    weight_grad = torch.where(valid, (g * act).sum(dim=1) * rsf, 0.0) if w is not None else None
+    act_out = act * weight.unsqueeze(1) if do_recompute else None
+    return torch.cat([d_a, d_b], dim=1), weight_grad, act_out
+
+
+def _swiglu_baseline(options, quantized: bool):
+    weights, clamp = options["weights"], 10.0 if options["clamp"] else None
+    rsf = 2.5 if weights else 1.0
+    recompute = options["do_recompute"]
+
+    def run(inputs, flavor, rows):
+        x, g = inputs["x"], inputs["act_x_grad"]
+        num_tokens, hidden = g.shape
+        w = inputs.get("topk_weights")
+        valid = expert_rows(inputs.get("psum_num_tokens_per_expert"), num_tokens, get_token_alignment())
+        out_dtype = torch.bfloat16 if quantized else x.dtype
+        if quantized:
+            npc = options["num_per_channels"]
+            scales = inputs["x_sf"].repeat_interleave(npc, dim=1)
+
+        def chunk(a, b):
+            values = x[a:b].float() * scales[a:b] if quantized else x[a:b].float()
+            grad, weight_grad, act_out = _swiglu_backward_terms(
+                values, g[a:b].float(), None if w is None else w[a:b], valid[a:b], rsf, clamp, recompute)
+            outs = [grad.to(out_dtype)]
+            if quantized:
+                groups = grad.view(b - a, -1, npc)
+                stored, _, mult = _scales(groups.abs().amax(-1), "e4m3", options["round_sf"], False)
+                outs += [(groups * mult.unsqueeze(-1)).view(b - a, -1).to(torch.float8_e4m3fn),
+                         torch.where(valid[a:b].unsqueeze(1), stored, 0.0)]
+            outs.append(weight_grad if weight_grad is not None else grad.new_zeros(0))
+            outs.append(act_out.to(out_dtype) if act_out is not None else grad.new_zeros((0, hidden), dtype=out_dtype))
+            return tuple(outs)
+
+        results = list(in_row_chunks(chunk, num_tokens, rows))
+        if quantized:
+            results[2] = _layout(results[2], options["use_packed_ue8m0"], options["use_tma_aligned_col_major_sf"],
+                                 flavor)
+        return tuple(results)
+    cast = ", amax per group of the fp32 gradient, x * (Q / amax), .to(float8_e4m3fn)" if quantized else ""
+    return Baseline(run, f"torch ops in fp32: sigmoid, silu, products for dA, dB, act; (g * act).sum(-1)"
+                         f"{cast}", same_bits=False)
+
+
+def swiglu_backward_baseline(op, options):
+    return _swiglu_baseline(options, False)
+
+
+def swiglu_backward_and_per_token_cast_baseline(op, options):
+    return _swiglu_baseline(options, True)
+
+
 BASELINES = {
     "per_token_cast": per_token_cast_baseline,
     "per_token_cast_and_cast_back": round_trip_baseline,
@@ -381,4 +452,6 @@ BASELINES = {
     "cast": cast_baseline,
     "cast_back": cast_back_baseline,
     "batched_transpose_weight_sf": transpose_weight_sf_baseline,
+    "swiglu_backward": swiglu_backward_baseline,
+    "swiglu_backward_and_per_token_cast": swiglu_backward_and_per_token_cast_baseline,
 }
