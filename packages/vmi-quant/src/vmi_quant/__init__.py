@@ -14,6 +14,8 @@ from .config import (
     set_token_alignment,
 )
 from .fp4 import unpack_from_e2m1fn_x2
+from .norm_forward import norm_forward, norm_forward_and_per_token_cast
+from .norm_forward_parallel import norm_forward_and_per_token_cast_parallel, norm_forward_parallel
 from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
 from .per_block_cast_lossless import per_block_cast_lossless
 from .per_block_cast_lossless_parallel import per_block_cast_lossless_parallel
@@ -40,6 +42,10 @@ __all__ = [
     "cast_parallel",
     "get_amax_clamp_for_quant",
     "get_token_alignment",
+    "norm_forward",
+    "norm_forward_and_per_token_cast",
+    "norm_forward_and_per_token_cast_parallel",
+    "norm_forward_parallel",
     "per_block_cast",
     "per_block_cast_lossless",
     "per_block_cast_lossless_parallel",
