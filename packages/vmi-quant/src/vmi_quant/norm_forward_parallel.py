@@ -127,7 +127,7 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
     bf16_tile = quant is not None and quant.with_out_bf16 and not is_bf16
     mega_bm = 0 if quant is None else quant.mega_block_m
     scale = F.f32_const(spec.out_scale)
-    # The accumulator is read back a register of rows at a time in vector code.
+    # Vector code reads the square sums and writes the rstd a register of rows at a time.
     sum_len = align(BM, LANES) if sh.is_ascend else BM
 
     M = TK.dynamic("M")
@@ -236,7 +236,7 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
                 res = sh.tile((BM, HP), dtype) if spec.has_residual else None
                 w = sh.tile((1, HP), dtype) if spec.has_weight else None
                 ss = sh.tile((sum_len,), "float32")
-                rs = sh.tile((BM,), "float32")
+                rs = sh.tile((sum_len,), "float32")
                 u = sh.tile((BM, HP), dtype)
                 ob = sh.tile((BM, HP), "uint16") if bf16_tile else None
                 sh.buffer_versions({x: 2})
@@ -265,7 +265,7 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
                         sh.copy(ob if bf16_tile else u, OB[row0, 0])
                 if spec.has_residual:
                     sh.copy(x, ROUT[row0, 0])
-                sh.copy(rs, RSTD[row0])
+                sh.copy(rs if sum_len == BM else rs[0:BM], RSTD[row0])
 
     return norm_forward_kernel
 
