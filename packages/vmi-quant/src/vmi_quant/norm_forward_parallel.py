@@ -38,7 +38,7 @@ from vmi_core.tl import formats as F
 from vmi_core.tl.rstd import rstd
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, Vec, keep, select, simd
-from vmi_core.tl.vector import ChunkAt, ElementAt, decode
+from vmi_core.tl.vector import ChunkAt, ElementAt, decode, group_tile_shape
 
 from .kernel_common import KERNEL_DTYPE, ScaleRule, canonical_nan, encode, scale_from_amax
 
@@ -127,6 +127,11 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
     bf16_tile = quant is not None and quant.with_out_bf16 and not is_bf16
     mega_bm = 0 if quant is None else quant.mega_block_m
     scale = F.f32_const(spec.out_scale)
+    # Per-(row, group) tiles: in vector code rows of whole registers once they exceed one (the scale
+    # phase runs over whole registers), and ``group_tile_shape``'s padding for ``at.group``.
+    group_shape = group_tile_shape(sh.is_ascend, BM, groups)
+    if sh.is_ascend and group_shape[1] > LANES:
+        group_shape = (group_shape[0], align(group_shape[1], LANES))
     # Vector code reads the square sums and writes the rstd a register of rows at a time.
     sum_len = align(BM, LANES) if sh.is_ascend else BM
 
@@ -188,7 +193,7 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
     def quantize(u, amax, sf_val, sf_inv, q):
         sh.segment_reduce(amax, (BM, HP), NUM_PER_CHANNELS, lambda at: F.abs_bits(decode(in_fmt, at, u)), "max",
                           F.u32(0))
-        sh.elementwise(sh.group_domain(BM, groups), lambda at: scale_from_amax(quant.rule, at.load(amax)),
+        sh.elementwise((BM, group_shape[1]), lambda at: scale_from_amax(quant.rule, at.load(amax)),
                        (sf_val, sf_inv))
         sh.elementwise((BM, HP), lambda at: quant_code(u, sf_inv, at), q)
 
@@ -250,9 +255,9 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
                         normalize(x, res, w, ss, rs, u, ob)
                     sh.copy(u, OUT[row0, 0])
                 else:
-                    amax = sh.group_tile(BM, groups, "uint32")
-                    sf_val = sh.group_tile(BM, groups, sf_dtype)
-                    sf_inv = sh.group_tile(BM, groups, "float32")
+                    amax = sh.tile(group_shape, "uint32")
+                    sf_val = sh.tile(group_shape, sf_dtype)
+                    sf_inv = sh.tile(group_shape, "float32")
                     q = sh.tile((BM, HP), "uint8")
                     with sh.vector(SIMD):
                         normalize(x, res, w, ss, rs, u, ob)
