@@ -280,7 +280,7 @@ def _run_cast(x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tm
                            rstd.view(batch, tokens), _batched(residual_out) if residual is not None else None,
                            _batched(out_bf16) if with_out_bf16 else None, sf, mega_moe_sf)
     _launch(call, target, launch, _reference_cast)
-    sf_returned = sf if x.dim() == 3 else sf[0]
+    sf_returned = given_sf if given_sf is not None else sf if x.dim() == 3 else sf[0]
     return data, sf_returned, out_bf16, rstd, residual_out
 
 
@@ -320,7 +320,7 @@ def norm_forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, resid
     (``ascend`` flavor; ``cuda``: 0 for an inf sum, NaN for NaN) and its outputs NaN wherever the
     product is undefined; every NaN output is the canonical +NaN (fp32 ``0x7FC00000``, bf16
     ``0x7FC0``). Other rows are not affected. ``residual_out`` is torch's ``x + residual``
-    bit for bit (for bf16 torch's rounding, a NaN sum canonical).
+    bit for bit, except that a NaN sum is the canonical +NaN too.
 
     Args:
         x: bf16/fp32 ``(T, H)`` or ``(B, T, H)``, ``1 <= H <= 8192``, unit stride along ``H`` (the

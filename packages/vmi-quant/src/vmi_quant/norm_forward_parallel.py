@@ -154,10 +154,7 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
         return F.f32_to_bf16(y) if is_bf16 else y
 
     def residual_sum(x, res, at):
-        s = decode(in_fmt, at, x) + decode(in_fmt, at, res)
-        # torch rounds a bf16 sum through its float conversion, which makes a NaN canonical; an fp32
-        # sum is the fp32 addition itself.
-        return F.f32_to_bf16(canonical_nan(s)) if is_bf16 else s
+        return to_x_dtype(decode(in_fmt, at, x) + decode(in_fmt, at, res))
 
     def square_term(x, at):
         r = decode(in_fmt, at, x)
