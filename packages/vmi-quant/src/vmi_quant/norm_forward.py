@@ -54,6 +54,18 @@ class NormForwardCall:
     mega_moe_sf: torch.Tensor | None = None
 
 
+def make_spec(in_fmt: str, hidden: int, eps: float, flavor: Flavor, out_scale: float, has_weight: bool,
+              has_residual: bool, quantize: bool = False, round_sf: bool = False, col_major: bool = False,
+              packed: bool = False, with_out_bf16: bool = False, mega_moe_block_m: int = 0) -> parallel.NormForwardSpec:
+    """The kernel specialisation of validated arguments (the amax clamp is read now)."""
+    quant = None
+    if quantize:
+        layout = SFLayout.of(flavor, packed=packed, col_major=col_major)
+        rule = ScaleRule("e4m3", get_amax_clamp_for_quant("e4m3", False), round_sf=round_sf, stored=layout.kind)
+        quant = parallel.QuantSpec(rule, layout, with_out_bf16, mega_moe_block_m)
+    return parallel.NormForwardSpec(in_fmt, hidden, eps, flavor.name, out_scale, has_weight, has_residual, quant)
+
+
 def _batched(t: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or t.dim() == 3 else t.unsqueeze(0)
 
@@ -149,8 +161,7 @@ def _run_norm(x, weight, eps, residual, out_scale, *, out, target, flavor, launc
     check_disjoint({"out": given_out, "rstd": given_rstd,
                     "residual_out": given_residual_out if residual is not None else None},
                    {"x": x, "weight": weight, "residual": residual})
-    spec = parallel.NormForwardSpec(PLAIN_DTYPES[x.dtype], hidden, eps, flavor.name, out_scale, weight is not None,
-                                    residual is not None)
+    spec = make_spec(PLAIN_DTYPES[x.dtype], hidden, eps, flavor, out_scale, weight is not None, residual is not None)
     call = NormForwardCall(spec, flavor, _batched(x), weight, _batched(residual), _batched(out_t),
                            rstd.view(batch, tokens), _batched(residual_out) if residual is not None else None)
     _launch(call, target, launch, _reference_norm)
@@ -272,10 +283,8 @@ def _run_cast(x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tm
                     "residual_out": given_residual_out if residual is not None else None,
                     "mega_moe_sf": None if mega_moe_sf is None else mega_moe_window(mega_moe_sf)},
                    {"x": x, "weight": weight, "residual": residual})
-    rule = ScaleRule("e4m3", get_amax_clamp_for_quant("e4m3", False), round_sf=round_sf, stored=layout.kind)
-    quant = parallel.QuantSpec(rule, layout, with_out_bf16, mega_moe_block_m)
-    spec = parallel.NormForwardSpec(PLAIN_DTYPES[x.dtype], hidden, eps, flavor.name, out_scale, weight is not None,
-                                    residual is not None, quant)
+    spec = make_spec(PLAIN_DTYPES[x.dtype], hidden, eps, flavor, out_scale, weight is not None, residual is not None,
+                     True, round_sf, use_tma_aligned_col_major_sf, use_packed_ue8m0, with_out_bf16, mega_moe_block_m)
     call = NormForwardCall(spec, flavor, _batched(x), weight, _batched(residual), _batched(data),
                            rstd.view(batch, tokens), _batched(residual_out) if residual is not None else None,
                            _batched(out_bf16) if with_out_bf16 else None, sf, mega_moe_sf)
