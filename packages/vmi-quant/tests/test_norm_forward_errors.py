@@ -98,7 +98,7 @@ CAST_ERRORS = [
     (lambda: cast(mega_moe_sf=_mega(), mega_moe_block_m=64), ValueError, "needs round_sf"),
     (lambda: cast(mega_moe_sf=_mega(), mega_moe_block_m=-64, round_sf=True), ValueError, "must be > 0"),
     (lambda: cast(mega_moe_sf=_mega(), mega_moe_block_m=64.0, round_sf=True), TypeError, "mega_moe_block_m"),
-    (lambda: cast(x=X.view(2, 32, 256), mega_moe_sf=_mega(), mega_moe_block_m=64, round_sf=True), ValueError,
+    (lambda: cast(x=X.view(2, 32, 256), mega_moe_sf=_mega(tokens=32), mega_moe_block_m=64, round_sf=True), ValueError,
      "needs a 2-D x"),
     (lambda: cast(x=torch.ones(64, 96, dtype=torch.bfloat16), weight=None, mega_moe_sf=_mega(words=1),
                   mega_moe_block_m=64, round_sf=True), ValueError, "multiple of 128"),

@@ -103,7 +103,9 @@ def _check_common(x, weight, eps, residual, out_scale, target, flavor):
         check_tensor(weight, "weight", dtype=x.dtype, shape=(hidden,), contiguous=True)
         check_same_device(weight, "weight", x.device)
     eps = check_float(eps, "eps")
-    rstd_constants(hidden, eps)
+    # The kernel's rstd constants: also the check of eps. A traced (symbolic) hidden size is within
+    # [1, MAX_HIDDEN] by now, where every hidden size takes the same eps.
+    rstd_constants(hidden if isinstance(hidden, int) else parallel.MAX_HIDDEN, eps)
     out_scale = check_float(out_scale, "out_scale", finite=True)
     if residual is not None:
         _check_rows(residual, "residual", tuple(x.shape), x.dtype, x.device)
@@ -176,6 +178,8 @@ NORM_FORWARD = KernelOp(
 
 
 def _mega_moe_check(mega_moe_sf, mega_moe_block_m, x, round_sf, tokens, hidden):
+    """Checks of the Mega MoE SF as the custom op takes it: the ``mega_moe_window`` of the user's
+    ``(T, H / 128)`` buffer, ``(R, H / 128)`` with strides ``(1, R)``."""
     check_int(mega_moe_block_m, "mega_moe_block_m")
     if (mega_moe_sf is None) != (mega_moe_block_m == 0):
         raise ValueError("mega_moe_sf and mega_moe_block_m > 0 go together: give both or neither, got "
@@ -191,13 +195,28 @@ def _mega_moe_check(mega_moe_sf, mega_moe_block_m, x, round_sf, tokens, hidden):
         raise ValueError("mega_moe_sf holds UE8M0 exponents: it needs round_sf=True")
     if hidden % MEGA_SLAB:
         raise ValueError(f"mega_moe_sf needs a hidden size that is a multiple of {MEGA_SLAB}, got {hidden}")
-    check_tensor(mega_moe_sf, "mega_moe_sf", dtype=torch.int32, shape=(tokens, hidden // MEGA_SLAB))
+    check_tensor(mega_moe_sf, "mega_moe_sf", dtype=torch.int32, shape=(None, hidden // MEGA_SLAB))
     check_same_device(mega_moe_sf, "mega_moe_sf", x.device)
     rows = ceil_div(tokens, mega_moe_block_m) * align(mega_moe_block_m, MEGA_SLAB)
-    if mega_moe_sf.stride(0) != 1 or mega_moe_sf.stride(1) < rows:
+    window_rows = mega_moe_sf.shape[0]
+    if window_rows < rows or (mega_moe_sf.numel() > 1 and mega_moe_sf.stride() != (1, window_rows)):
         raise ValueError(f"mega_moe_sf must be M-major with stride(0) == 1 and stride(1) >= {rows} "
-                         f"(ceil(T / block_m) * align(block_m, 128)), got strides {tuple(mega_moe_sf.stride())}")
-    check_kernel_extent(mega_moe_window(mega_moe_sf), "mega_moe_sf")
+                         f"(ceil(T / block_m) * align(block_m, 128)), got {window_rows} rows a column")
+    check_kernel_extent(mega_moe_sf, "mega_moe_sf")
+
+
+def _mega_moe_window(mega_moe_sf, x):
+    """The rows of every word column of the user's M-major ``(T, H / 128)`` Mega MoE SF buffer (the
+    tensor the custom op takes: tokens map to rows past ``T``)."""
+    if not isinstance(mega_moe_sf, torch.Tensor):
+        return mega_moe_sf
+    check_tensor(mega_moe_sf, "mega_moe_sf", dtype=torch.int32, dim=2)
+    if isinstance(x, torch.Tensor) and x.dim() >= 2 and mega_moe_sf.shape[0] != x.shape[-2]:
+        raise ValueError(f"mega_moe_sf must have shape (T, H / 128) with T = {x.shape[-2]}, got "
+                         f"{tuple(mega_moe_sf.shape)}")
+    if mega_moe_sf.stride(0) != 1:
+        raise ValueError(f"mega_moe_sf must be M-major with stride(0) == 1, got strides {tuple(mega_moe_sf.stride())}")
+    return mega_moe_window(mega_moe_sf)
 
 
 def _sf_output(given, layout: SFLayout, flavor: Flavor, shape3: tuple, x_dim: int, device) -> torch.Tensor:
@@ -234,7 +253,7 @@ def _sf_output(given, layout: SFLayout, flavor: Flavor, shape3: tuple, x_dim: in
 
 def _reference_cast(call: NormForwardCall) -> None:
     spec, quant = call.spec, call.spec.quant
-    x = call.x if call.x.shape[0] > 1 or call.mega_moe_sf is None else call.x[0]
+    x = call.x if call.mega_moe_sf is None else call.x[0]
     residual = None if call.residual is None else call.residual.view(x.shape)
     q, sf, out_bf16, rstd, r, mega = reference.norm.norm_forward_and_per_token_cast(
         x, call.weight, spec.eps, residual, spec.out_scale, quant.rule.round_sf, quant.sf_layout.col_major,
@@ -247,7 +266,7 @@ def _reference_cast(call: NormForwardCall) -> None:
     if call.out_bf16 is not None:
         call.out_bf16.copy_(out_bf16.view(call.out_bf16.shape))
     if mega is not None:
-        mega_moe_window(call.mega_moe_sf).copy_(mega)
+        call.mega_moe_sf.copy_(mega)
 
 
 def _run_cast(x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf,
@@ -281,7 +300,7 @@ def _run_cast(x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tm
     residual_out = _residual_output(given_residual_out, x, residual)
     check_disjoint({"out data": given_data, "out sf": given_sf, "out_bf16": given_bf16, "rstd": given_rstd,
                     "residual_out": given_residual_out if residual is not None else None,
-                    "mega_moe_sf": None if mega_moe_sf is None else mega_moe_window(mega_moe_sf)},
+                    "mega_moe_sf": mega_moe_sf},
                    {"x": x, "weight": weight, "residual": residual})
     spec = make_spec(PLAIN_DTYPES[x.dtype], hidden, eps, flavor, out_scale, weight is not None, residual is not None,
                      True, round_sf, use_tma_aligned_col_major_sf, use_packed_ue8m0, with_out_bf16, mega_moe_block_m)
@@ -449,5 +468,6 @@ def norm_forward_and_per_token_cast(
         outs = (given_data, given_sf, out_bf16, None, residual_out if residual is not None else None)
     data, sf, bf16, rstd, summed = NORM_FORWARD_AND_PER_TOKEN_CAST(
         x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tma_aligned_col_major_sf, round_sf,
-        use_packed_ue8m0, with_out_bf16, mega_moe_sf, mega_moe_block_m, out=outs, target=target, flavor=flavor)
+        use_packed_ue8m0, with_out_bf16, _mega_moe_window(mega_moe_sf, x), mega_moe_block_m, out=outs, target=target,
+        flavor=flavor)
     return (data, sf), bf16 if with_out_bf16 else None, rstd, _norm_input(x, residual, summed)

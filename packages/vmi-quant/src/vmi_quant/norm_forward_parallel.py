@@ -304,10 +304,9 @@ def launch(call, target: str) -> None:
     sf_dummy = torch.zeros(1, dtype=torch.float32, device=device)
     mega, mega_stride = byte_dummy, 0
     if call.mega_moe_sf is not None:
-        # The bytes of every word column's rows (the rows tokens map to lie past T).
-        mega_stride = call.mega_moe_sf.stride(1)
-        words = torch.as_strided(call.mega_moe_sf, (mega_stride * call.mega_moe_sf.shape[1],), (1,))
-        mega = words.view(torch.uint8)
+        # The window of every word column's rows, (R, H / 128) with strides (1, R), as bytes.
+        mega_stride = call.mega_moe_sf.shape[0]
+        mega = torch.as_strided(call.mega_moe_sf, (call.mega_moe_sf.numel(),), (1,)).view(torch.uint8)
 
     for b in range(batch):
         res, res_stride = _rows_or_dummy(None if call.residual is None else bit_view(call.residual[b]), row_dummy)

@@ -6,5 +6,6 @@ from vmi_quant.reference.lossless import per_block_cast_lossless
 from vmi_quant.reference.transpose import batched_transpose_weight_sf
 
 __all__ = [
-    "batched_transpose_weight_sf", "cast", "cast_and_cast_back", "cast_back", "elementwise", "norm", "per_block_cast_lossless",
+    "batched_transpose_weight_sf", "cast", "cast_and_cast_back", "cast_back", "elementwise", "norm",
+    "per_block_cast_lossless",
 ]

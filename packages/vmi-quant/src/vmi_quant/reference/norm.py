@@ -65,7 +65,8 @@ def mega_moe_rows(num_tokens: int, block_m: int) -> torch.Tensor:
     ``align(block_m, 128)``; in a 128-row slab of a run, in-slab index ``32a + b`` lands on row ``4b + a``."""
     t = torch.arange(num_tokens, dtype=torch.int64)
     i = t % block_m
-    return (t // block_m) * _align(block_m, MEGA_SLAB) + (i // MEGA_SLAB) * MEGA_SLAB + (i % 32) * 4 + (i % MEGA_SLAB) // 32
+    return ((t // block_m) * _align(block_m, MEGA_SLAB) + (i // MEGA_SLAB) * MEGA_SLAB + (i % 32) * 4
+            + (i % MEGA_SLAB) // 32)
 
 
 def mega_moe_window(mega_moe_sf: torch.Tensor) -> torch.Tensor:
@@ -100,8 +101,8 @@ def norm_forward_and_per_token_cast(x: torch.Tensor, weight: torch.Tensor | None
     groups of 32 channels by the per-token cast reference.
 
     ``out_bf16`` is ``u`` for bf16 ``x`` and ``bf16(y)`` for fp32 ``x``. ``mega_moe_sf`` (2-D x only)
-    is a copy of the given buffer's ``mega_moe_window`` with the scales' exponent bytes written to the
-    rows of §4.4 (``None`` when not given).
+    is the ``mega_moe_window`` of the user's buffer, ``(R, H / 128)``; the result is a copy of it with the
+    scales' exponent bytes written to the rows of §4.4 (``None`` when not given).
     """
     flavor = get_flavor(flavor)
     u, rstd, r = norm_forward(x, weight, eps, residual, out_scale, flavor)
@@ -116,7 +117,7 @@ def norm_forward_and_per_token_cast(x: torch.Tensor, weight: torch.Tensor | None
         sf = _batched_sf(u, round_sf, use_tma_aligned_col_major_sf, use_packed_ue8m0, flavor)
     mega = None
     if mega_moe_sf is not None:
-        mega = mega_moe_window(mega_moe_sf).clone()
+        mega = mega_moe_sf.clone()
         _, sf_fp32 = cast(rows, "e4m3", (1, NUM_PER_CHANNELS), round_sf=True, flavor=flavor)
         exponents = ((sf_fp32.view(torch.int32) >> 23) & 0xFF).to(torch.int64)
         words = (exponents.view(rows.shape[0], -1, 4) << torch.tensor([0, 8, 16, 24])).sum(-1)
