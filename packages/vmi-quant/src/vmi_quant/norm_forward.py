@@ -411,9 +411,13 @@ def norm_forward_and_per_token_cast(
     values": a group with a NaN gets a NaN SF, or 0.0 with ``round_sf``, and NaN codes).
 
     Args:
-        x, weight, eps, residual, out_scale: As for ``norm_forward`` (``H`` a multiple of 32).
+        x: As for ``norm_forward``, with ``H`` a multiple of 32.
+        weight: As for ``norm_forward``.
+        eps: As for ``norm_forward``.
         fmt: Must be ``"e4m3"``.
         num_per_channels: Must be 32.
+        residual: As for ``norm_forward``.
+        out_scale: As for ``norm_forward``.
         use_tma_aligned_col_major_sf: Return the SF column-major (strides ``(1, T')`` per batch, ``T'``
             the token count padded as the flavor pads it: 16 bytes for ``cuda``, none for ``ascend``).
             For 3-D x the SF of all batches is one column-major matrix, batch ``b`` owning SF columns

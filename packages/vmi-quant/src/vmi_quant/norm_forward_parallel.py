@@ -332,7 +332,8 @@ def launch(call, target: str) -> None:
 def norm_forward_parallel(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
                           residual: torch.Tensor | None = None, out_scale: float = 1.0,
                           out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
-                          *, target: str | None = None, flavor: str | None = None):
+                          *, target: str | None = None,
+                          flavor: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``norm_forward`` that always runs the parallel kernel.
 
     Same arguments, returns and errors as ``norm_forward``, except for ``target``.
@@ -360,7 +361,8 @@ def norm_forward_and_per_token_cast_parallel(
         round_sf: bool = False, use_packed_ue8m0: bool = False, with_out_bf16: bool = False,
         out: tuple[torch.Tensor | None, torch.Tensor | None] | None = None, out_bf16: torch.Tensor | None = None,
         residual_out: torch.Tensor | None = None, mega_moe_sf: torch.Tensor | None = None,
-        mega_moe_block_m: int = 0, *, target: str | None = None, flavor: str | None = None):
+        mega_moe_block_m: int = 0, *, target: str | None = None, flavor: str | None = None,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """``norm_forward_and_per_token_cast`` that always runs the parallel kernel.
 
     Same arguments, returns and errors as ``norm_forward_and_per_token_cast``, except for ``target``.
