@@ -349,17 +349,20 @@ SIM_CAST_CASE = ("bf16", 256, True, True, 0.3, "ascend", True, True, True, True,
 SIM_SHAPES = [((1, 256), 0, 0), ((150, 256), 16, 0)]
 
 
-def test_cast_on_ascend_sim():
-    _check_cast(SIM_CAST_CASE, target="ascend-sim", shapes=SIM_SHAPES)
+@pytest.mark.parametrize("target", ["ascend-sim"])
+def test_cast_on_ascend_sim(target):
+    _check_cast(SIM_CAST_CASE, target=target, shapes=SIM_SHAPES)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [NORM_CASES[0], ("fp32", 200, False, False, 1.0, "ascend")], ids=_case_id)
-def test_norm_forward_on_ascend_sim(case):
-    _check_norm(case, target="ascend-sim", shapes=_shapes(case[1])[1:])
+@pytest.mark.parametrize("target", ["ascend-sim"])
+def test_norm_forward_on_ascend_sim(case, target):
+    _check_norm(case, target=target, shapes=_shapes(case[1])[1:])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CAST_CASES if c[5] == "ascend"], ids=_case_id)
-def test_cast_on_ascend_sim_full(case):
-    _check_cast(case, target="ascend-sim", shapes=_shapes(case[1])[1:])
+@pytest.mark.parametrize("target", ["ascend-sim"])
+def test_cast_on_ascend_sim_full(case, target):
+    _check_cast(case, target=target, shapes=_shapes(case[1])[1:])
