@@ -98,9 +98,9 @@ def _row_value(tile, at):
     return tile[at.i]
 
 
-def _column_value(tile, at):
-    """``tile[0, column]`` of a one-row tile: the per-column value of the element(s) at ``at``."""
-    return (ChunkAt((0,), at.col0) if at.vector else ElementAt((0,), at.j)).load(tile)
+def _column_at(at):
+    """The position of ``at``'s column(s) in row 0 (of a one-row per-column tile)."""
+    return ChunkAt((0,), at.col0) if at.vector else ElementAt((0,), at.j)
 
 
 def _rows_value(tile, at):
@@ -167,7 +167,7 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
     def normalized(x, w, rs, at):
         factor = scale
         if spec.has_weight:
-            factor = decode(in_fmt, ElementAt((0,), at.j) if not at.vector else ChunkAt((0,), at.col0), w)
+            factor = decode(in_fmt, _column_at(at), w)
             if spec.out_scale != 1.0:
                 factor = factor * scale
         y = keep(keep(decode(in_fmt, at, x) * _row_value(rs, at)) * factor)
@@ -281,52 +281,52 @@ def norm_forward_source(spec: NormForwardSpec, target: str) -> str:
     return kernel_source(build_norm_forward, spec, target, **KERNEL_CONFIG)
 
 
-def _rows_or_dummy(t: torch.Tensor | None, dummy: torch.Tensor) -> tuple[torch.Tensor, int]:
-    return (dummy, dummy.stride(0)) if t is None else (t, t.stride(0))
+def _rows(t: torch.Tensor | None, dummy: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, int]:
+    """Rows ``[start, stop)`` of an optional ``(T, H)`` tensor and its row stride; an absent one is a
+    one-row dummy the kernel never touches (its code is specialised out)."""
+    return (dummy, dummy.stride(0)) if t is None else (t[start:stop], t.stride(0))
 
 
 def launch(call, target: str) -> None:
-    """Run a validated call (``vmi_quant.norm_forward.NormForwardCall``) on ``target``."""
-    spec = call.spec
+    """Run a validated call (``vmi_quant.norm_forward.NormForwardCall``) on ``target``: one launch per
+    batch, each split by rows across threads on cpu."""
+    spec, quant = call.spec, call.spec.quant
     batch, tokens, hidden = call.x.shape
     if batch * tokens == 0:
         return
     kernel = cached_kernel(build_norm_forward, spec, target, **KERNEL_CONFIG)
-    rows_per_tile = block_m(spec)
-    x = bit_view(call.x)
+    x, out = bit_view(call.x), bit_view(call.out)
     device = x.device
     row_dummy = torch.zeros((1, hidden), dtype=x.dtype, device=device)
-    weight = row_dummy if call.weight is None else bit_view(call.weight).view(1, hidden)
-    out = bit_view(call.out)
-    quant = spec.quant
     bf16_dummy = torch.zeros((1, hidden), dtype=torch.uint16, device=device)
-    byte_dummy = torch.zeros(1, dtype=torch.uint8, device=device)
+    weight = row_dummy if call.weight is None else bit_view(call.weight).view(1, hidden)
     sf_dummy = torch.zeros(1, dtype=torch.float32, device=device)
-    mega, mega_stride = byte_dummy, 0
+    mega, mega_stride = torch.zeros(1, dtype=torch.uint8, device=device), 0
     if call.mega_moe_sf is not None:
         # The window of every word column's rows, (R, H / 128) with strides (1, R), as bytes.
         mega_stride = call.mega_moe_sf.shape[0]
         mega = torch.as_strided(call.mega_moe_sf, (call.mega_moe_sf.numel(),), (1,)).view(torch.uint8)
 
-    for b in range(batch):
-        res, res_stride = _rows_or_dummy(None if call.residual is None else bit_view(call.residual[b]), row_dummy)
-        rout, rout_stride = _rows_or_dummy(None if call.residual_out is None else bit_view(call.residual_out[b]),
-                                           row_dummy)
-        ob, ob_stride = _rows_or_dummy(None if call.out_bf16 is None else bit_view(call.out_bf16[b]), bf16_dummy)
-        x_b, out_b, rstd_b = x[b], out[b], call.rstd[b]
+    def batch_of(t: torch.Tensor | None, b: int) -> torch.Tensor | None:
+        return None if t is None else bit_view(t[b])
 
-        def run(start: int, stop: int, x_b=x_b, out_b=out_b, rstd_b=rstd_b, res=res, res_stride=res_stride,
-                rout=rout, rout_stride=rout_stride, ob=ob, ob_stride=ob_stride, b=b) -> None:
+    for b in range(batch):
+        x_b, out_b, rstd_b = x[b], out[b], call.rstd[b]
+        residual, residual_out, out_bf16 = (batch_of(t, b) for t in (call.residual, call.residual_out, call.out_bf16))
+
+        def run(start: int, stop: int, b=b, x_b=x_b, out_b=out_b, rstd_b=rstd_b, residual=residual,
+                residual_out=residual_out, out_bf16=out_bf16) -> None:
             sf, sf_sm, sf_sk = sf_dummy, 0, 0
             if quant is not None:
                 sf, sf_sm, sf_sk = quant.sf_layout.kernel_view(call.sf[b][start:stop])
-            window = slice(start, stop)
-            kernel(x_b[window], weight, res[window] if res is not row_dummy else res,
-                   rout[window] if rout is not row_dummy else rout, out_b[window],
-                   ob[window] if ob is not bf16_dummy else ob, rstd_b[window], sf, mega,
-                   x_b.stride(0), res_stride, rout_stride, out_b.stride(0), ob_stride, sf_sm, sf_sk, mega_stride, start)
+            res, res_stride = _rows(residual, row_dummy, start, stop)
+            rout, rout_stride = _rows(residual_out, row_dummy, start, stop)
+            ob, ob_stride = _rows(out_bf16, bf16_dummy, start, stop)
+            kernel(x_b[start:stop], weight, res, rout, out_b[start:stop], ob, rstd_b[start:stop], sf, mega,
+                   x_b.stride(0), res_stride, rout_stride, out_b.stride(0), ob_stride, sf_sm, sf_sk, mega_stride,
+                   start)
 
-        launch_rows(target, run, tokens, align=rows_per_tile)
+        launch_rows(target, run, tokens, align=block_m(spec))
 
 
 def norm_forward_parallel(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
