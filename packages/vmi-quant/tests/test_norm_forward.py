@@ -362,6 +362,14 @@ def test_norm_forward_on_ascend_sim(case, target):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("target", ["ascend-sim"])
+def test_large_hidden_size_on_ascend_sim(target):
+    # 128 groups a row: the scale phase over whole registers of groups.
+    case = ("bf16", 4096, True, True, 1.0, "ascend", True, True, True, False, 0)
+    _check_cast(case, target=target, shapes=[((3, 4096), 0, 0), ((70, 4096), 64, 0)])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CAST_CASES if c[5] == "ascend"], ids=_case_id)
 @pytest.mark.parametrize("target", ["ascend-sim"])
 def test_cast_on_ascend_sim_full(case, target):

@@ -29,7 +29,7 @@ SPECS = {
     "cast-packed-col-major-bf16-mega": ("bf16", 7168, True, True, 0.3,
                                         dict(round_sf=True, col_major=True, packed=True, with_out_bf16=True,
                                              mega_moe_block_m=192)),
-    "cast-fp32-bf16-out": ("fp32", 512, True, False, 1.0, dict(with_out_bf16=True)),
+    "cast-fp32-bf16-out": ("fp32", 640, True, False, 1.0, dict(with_out_bf16=True)),  # 20 groups a row
 }
 
 

@@ -127,11 +127,13 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
     bf16_tile = quant is not None and quant.with_out_bf16 and not is_bf16
     mega_bm = 0 if quant is None else quant.mega_block_m
     scale = F.f32_const(spec.out_scale)
-    # Per-(row, group) tiles: in vector code rows of whole registers once they exceed one (the scale
-    # phase runs over whole registers), and ``group_tile_shape``'s padding for ``at.group``.
+    # Per-(row, group) tiles with ``group_tile_shape``'s padding for ``at.group``; in vector code the
+    # scale phase runs over whole registers: rows of a power of two up to one register, or of whole
+    # registers.
     group_shape = group_tile_shape(sh.is_ascend, BM, groups)
-    if sh.is_ascend and group_shape[1] > LANES:
-        group_shape = (group_shape[0], align(group_shape[1], LANES))
+    if sh.is_ascend:
+        cols = group_shape[1]
+        group_shape = (group_shape[0], align(cols, LANES) if cols > LANES else 1 << (cols - 1).bit_length())
     # Vector code reads the square sums and writes the rstd a register of rows at a time.
     sum_len = align(BM, LANES) if sh.is_ascend else BM
 
