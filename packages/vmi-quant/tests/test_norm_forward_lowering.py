@@ -22,13 +22,15 @@ from vmi_quant.norm_forward import make_spec
 from vmi_quant.norm_forward_parallel import norm_forward_source
 
 EPS = 1e-6
-# name -> (dtype, hidden, weight, residual, out_scale, cast options or None)
+# name -> (dtype, hidden, weight, residual, out_scale, cast options or None). The first two are the
+# kernels test_norm_forward runs on cpu and ascend-sim (their lowering is cached once).
 SPECS = {
     "norm-bf16-weight-residual": ("bf16", 256, True, True, 0.3, None),
-    "norm-fp32-tail": ("fp32", 200, False, False, 1.0, None),
-    "cast-packed-col-major-bf16-mega": ("bf16", 7168, True, True, 0.3,
+    "cast-packed-col-major-bf16-mega": ("bf16", 256, True, True, 0.3,
                                         dict(round_sf=True, col_major=True, packed=True, with_out_bf16=True,
-                                             mega_moe_block_m=192)),
+                                             mega_moe_block_m=16)),
+    "norm-fp32-tail": ("fp32", 200, False, False, 1.0, None),
+    "cast-h7168-plain-sf": ("bf16", 7168, True, False, 1.0, {}),                    # 224 groups a row
     "cast-fp32-bf16-out": ("fp32", 640, True, False, 1.0, dict(with_out_bf16=True)),  # 20 groups a row
 }
 
@@ -59,7 +61,7 @@ def _check_ascend(name):
 
 
 # Lowering a quantizing kernel for Ascend takes seconds (its SIMT region): one in the default set.
-LOWERING = ["norm-bf16-weight-residual", "norm-fp32-tail", "cast-packed-col-major-bf16-mega"]
+LOWERING = ["norm-bf16-weight-residual", "cast-packed-col-major-bf16-mega"]
 
 
 @pytest.mark.parametrize("name", LOWERING)
@@ -81,11 +83,11 @@ def _check_cuda(name):
 
 @pytest.mark.cuda_compile
 def test_cuda_lowering_compiles():
-    _check_cuda("cast-packed-col-major-bf16-mega")
+    _check_cuda("norm-bf16-weight-residual")
 
 
 @pytest.mark.slow
 @pytest.mark.cuda_compile
-@pytest.mark.parametrize("name", [n for n in SPECS if n != "cast-packed-col-major-bf16-mega"])
+@pytest.mark.parametrize("name", [n for n in SPECS if n != "norm-bf16-weight-residual"])
 def test_cuda_lowering_compiles_all(name):
     _check_cuda(name)
