@@ -22,8 +22,8 @@ from vmi_quant.norm_forward import make_spec
 from vmi_quant.norm_forward_parallel import norm_forward_source
 
 EPS = 1e-6
-# name -> (dtype, hidden, weight, residual, out_scale, cast options or None). The first two are the
-# kernels test_norm_forward runs on cpu and ascend-sim (their lowering is cached once).
+# name -> (dtype, hidden, weight, residual, out_scale, cast options or None). The first two are
+# kernels test_norm_forward runs (the cast one on ascend-sim too: its lowering is cached once).
 SPECS = {
     "norm-bf16-weight-residual": ("bf16", 256, True, True, 0.3, None),
     "cast-packed-col-major-bf16-mega": ("bf16", 256, True, True, 0.3,
@@ -60,8 +60,9 @@ def _check_ascend(name):
         assert f"simd_inst::{op}" in src, f"no {op} in the SIMD region"
 
 
-# Lowering a quantizing kernel for Ascend takes seconds (its SIMT region): one in the default set.
-LOWERING = ["norm-bf16-weight-residual", "cast-packed-col-major-bf16-mega"]
+# Lowering for Ascend takes seconds a kernel: the default set lowers the one test_norm_forward runs
+# on ascend-sim (every phase), the rest run under slow.
+LOWERING = ["cast-packed-col-major-bf16-mega"]
 
 
 @pytest.mark.parametrize("name", LOWERING)
