@@ -61,6 +61,12 @@ def _transpose_into_reused_outputs():
     vmi_quant.batched_transpose_weight_sf(sf, 32, [False, True], [None, first[1]])
 
 
+def _norm_cast_with_mega_moe_sf():
+    mega = torch.full((2 * 128,), -1, dtype=torch.int32).as_strided((12, 2), (1, 128))
+    vmi_quant.norm_forward_and_per_token_cast(X, X[0], 1e-6, "e4m3", 32, X.flip(0), round_sf=True,
+                                              mega_moe_sf=mega, mega_moe_block_m=16)
+
+
 def _gate_with_mutable_arguments():
     scores = torch.empty_like(LOGITS)
     unmapped = torch.full((12, 4), -1, dtype=torch.int64)
@@ -103,6 +109,12 @@ VARIANTS = {
     "swiglu_backward_and_per_token_cast-packed-col-major": lambda: vmi_quant.swiglu_backward_and_per_token_cast(
         vmi_quant.reference.cast(X, "e4m3", (1, 128)), X[:, :128], "e4m3", 128, use_tma_aligned_col_major_sf=True,
         round_sf=True, use_packed_ue8m0=True, clamp_value=0.5, do_recompute=True),
+    "norm_forward-out": lambda: vmi_quant.norm_forward(
+        X, None, 1e-6, X.flip(0), 0.5, out=torch.empty_like(X), residual_out=torch.empty_like(X)),
+    "norm_forward_and_per_token_cast-3d-out": lambda: vmi_quant.norm_forward_and_per_token_cast(
+        X.view(2, 6, 256).float(), None, 1e-6, "e4m3", 32, use_tma_aligned_col_major_sf=True, round_sf=True,
+        use_packed_ue8m0=True, with_out_bf16=True, out=(torch.empty(2, 6, 256, dtype=torch.float8_e4m3fn), None)),
+    "norm_forward_and_per_token_cast-mega": _norm_cast_with_mega_moe_sf,
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,

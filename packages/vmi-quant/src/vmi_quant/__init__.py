@@ -16,6 +16,8 @@ from .config import (
 from .fp4 import unpack_from_e2m1fn_x2
 from .norm_backward import norm_backward
 from .norm_backward_parallel import norm_backward_parallel
+from .norm_forward import norm_forward, norm_forward_and_per_token_cast
+from .norm_forward_parallel import norm_forward_and_per_token_cast_parallel, norm_forward_parallel
 from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
 from .per_block_cast_lossless import per_block_cast_lossless
 from .per_block_cast_lossless_parallel import per_block_cast_lossless_parallel
@@ -46,6 +48,10 @@ __all__ = [
     "get_token_alignment",
     "norm_backward",
     "norm_backward_parallel",
+    "norm_forward",
+    "norm_forward_and_per_token_cast",
+    "norm_forward_and_per_token_cast_parallel",
+    "norm_forward_parallel",
     "per_block_cast",
     "per_block_cast_lossless",
     "per_block_cast_lossless_parallel",

@@ -24,6 +24,9 @@ from .cast_parallel import CastSpec, cast_source
 from .config import get_token_alignment
 from .norm_backward import NORM_BACKWARD
 from .norm_backward_parallel import NormBackwardSpec, norm_backward_source
+from .norm_forward import NORM_FORWARD, NORM_FORWARD_AND_PER_TOKEN_CAST
+from .norm_forward import make_spec as make_norm_spec
+from .norm_forward_parallel import norm_forward_source
 from .per_block_cast import PER_BLOCK_CAST
 from .per_block_cast import make_spec as make_block_spec
 from .per_block_cast_lossless import PER_BLOCK_CAST_LOSSLESS
@@ -309,6 +312,55 @@ def _swiglu_spec(options, target, flavor, quantized: bool):
 
 # Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
 _BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168), (1, 7168), (4, 7168), (16, 7168))
+
+
+# --- norm_forward / norm_forward_and_per_token_cast ---
+
+NORM_EPS = 1e-6
+NORM_OPTIONS = (
+    Option("in_dtype", "bf16", tuple(_IN_DTYPES), "input dtype"),
+    Option("use_weight", True, help="a weight (else unit weight)"),
+    Option("use_residual", False, help="a residual added first (returned as residual_out)"),
+)
+NORM_CAST_OPTIONS = NORM_OPTIONS + (
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+    Option("with_out_bf16", False, help="also the bf16 normalised output"),
+)
+# The kernel is specialised on the hidden size: ``vmi source`` shows it for this one.
+_NORM_SOURCE_HIDDEN = 4096
+
+
+def _norm_inputs(shape, options, seed):
+    dtype = _IN_DTYPES[options["in_dtype"]]
+    inputs = {"x": randn(shape, seed, dtype)}
+    if options["use_weight"]:
+        inputs["weight"] = randn(shape[-1:], seed + 1, dtype)
+    if options["use_residual"]:
+        inputs["residual"] = randn(shape, seed + 2, dtype)
+    return inputs
+
+
+def _norm_arguments(inputs, options, flavor):
+    return {"eps": NORM_EPS}
+
+
+def _norm_cast_arguments(inputs, options, flavor):
+    return {"eps": NORM_EPS, "fmt": "e4m3", "num_per_channels": 32}
+
+
+def _norm_source(options, target, flavor, quantize=False):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    cast = {}
+    if quantize:
+        cast = dict(round_sf=options["round_sf"], col_major=options["use_tma_aligned_col_major_sf"],
+                    packed=options["use_packed_ue8m0"], with_out_bf16=options["with_out_bf16"])
+    spec = make_norm_spec(options["in_dtype"], _NORM_SOURCE_HIDDEN, NORM_EPS, flavor, 1.0, options["use_weight"],
+                          options["use_residual"], quantize, **cast)
+    return norm_forward_source(spec, target)
+
+
 # per_block_cast(_lossless) and per_channel_cast need M and K multiples of 128: no decode sizes.
 _BLOCK_BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168))
 
@@ -439,6 +491,30 @@ OPS = [
         targets=_PARALLEL_TARGETS,
         make_inputs=_ptc_inputs,
         source=_round_trip_source,
+    ),
+    kernel_op_entry(
+        NORM_FORWARD,
+        arguments=_norm_arguments,
+        family="quant",
+        summary="RMSNorm over the last dim (optional residual add, weight, out_scale) with its rstd",
+        default_shape=(1024, 4096),
+        bench_shapes=_BENCH_SHAPES,
+        options=NORM_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_norm_inputs,
+        source=_norm_source,
+    ),
+    kernel_op_entry(
+        NORM_FORWARD_AND_PER_TOKEN_CAST,
+        arguments=_norm_cast_arguments,
+        family="quant",
+        summary="RMSNorm fused with a per-token E4M3 cast of its output (groups of 32, every SF layout)",
+        default_shape=(1024, 4096),
+        bench_shapes=_BENCH_SHAPES,
+        options=NORM_CAST_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_norm_inputs,
+        source=lambda options, target, flavor: _norm_source(options, target, flavor, quantize=True),
     ),
     kernel_op_entry(
         PER_BLOCK_CAST,

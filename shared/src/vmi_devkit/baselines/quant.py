@@ -14,6 +14,8 @@ from vmi_core.bench import Baseline, chunked_reference, in_row_chunks
 from vmi_core.targets import get_flavor
 from vmi_quant.config import get_amax_clamp_for_quant, get_token_alignment
 from vmi_quant.inputs import expert_rows
+from vmi_quant.config import get_amax_clamp_for_quant
+from vmi_quant.ops import NORM_EPS
 
 _Q = {"e4m3": 448.0, "e2m1": 6.0}
 _E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -442,6 +444,53 @@ def swiglu_backward_and_per_token_cast_baseline(op, options):
     return _swiglu_baseline(options, True)
 
 
+# --- norm_forward / norm_forward_and_per_token_cast ---
+
+def _rms_norm(x, weight, residual, eps):
+    """``(out in x's dtype, rstd, residual_out or an empty tensor)``: RMSNorm in torch ops."""
+    r = x if residual is None else x + residual
+    rf = r.float()
+    rstd = torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)
+    y = rf * rstd
+    if weight is not None:
+        y = y * weight.float()
+    return y, rstd.squeeze(-1), r if residual is not None else x.new_empty(0)
+
+
+def _norm_rows(inputs, start, stop):
+    residual = inputs.get("residual")
+    return inputs["x"][start:stop], inputs.get("weight"), None if residual is None else residual[start:stop]
+
+
+def norm_forward_baseline(op, options):
+    def run(inputs, flavor, rows):
+        def chunk(start, stop):
+            x, weight, residual = _norm_rows(inputs, start, stop)
+            y, rstd, summed = _rms_norm(x, weight, residual, NORM_EPS)
+            return y.to(x.dtype), rstd, summed
+        return in_row_chunks(chunk, inputs["x"].shape[0], rows)
+    return Baseline(run, "torch ops: (x + residual), .float().pow(2).mean(-1), rsqrt(+ eps), * rstd * weight, "
+                         ".to(x.dtype)", same_bits=False)
+
+
+def norm_forward_cast_baseline(op, options):
+    round_sf, packed = options["round_sf"], options["use_packed_ue8m0"]
+    col, with_bf16 = options["use_tma_aligned_col_major_sf"], options["with_out_bf16"]
+
+    def run(inputs, flavor, rows):
+        def chunk(start, stop):
+            x, weight, residual = _norm_rows(inputs, start, stop)
+            y, rstd, summed = _rms_norm(x, weight, residual, NORM_EPS)
+            u = y.to(x.dtype)
+            data, stored, _ = _block_quant(u, "e4m3", 1, 32, round_sf, False)
+            out_bf16 = u.to(torch.bfloat16) if with_bf16 else x.new_empty(0, dtype=torch.bfloat16)
+            return data, stored, out_bf16, rstd, summed
+        data, stored, out_bf16, rstd, summed = in_row_chunks(chunk, inputs["x"].shape[0], rows)
+        return data, _layout(stored, packed, col, flavor), out_bf16, rstd, summed
+    return Baseline(run, "torch ops: RMSNorm as norm_forward's baseline, then view (rows, H/32, 32), "
+                         "abs().amax(-1), clamp, u * (Q / amax), .to(float8_e4m3fn)", same_bits=False)
+
+
 BASELINES = {
     "per_token_cast": per_token_cast_baseline,
     "per_token_cast_and_cast_back": round_trip_baseline,
@@ -454,4 +503,6 @@ BASELINES = {
     "batched_transpose_weight_sf": transpose_weight_sf_baseline,
     "swiglu_backward": swiglu_backward_baseline,
     "swiglu_backward_and_per_token_cast": swiglu_backward_and_per_token_cast_baseline,
+    "norm_forward": norm_forward_baseline,
+    "norm_forward_and_per_token_cast": norm_forward_cast_baseline,
 }
