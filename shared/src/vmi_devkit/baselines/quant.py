@@ -14,7 +14,6 @@ from vmi_core.bench import Baseline, chunked_reference, in_row_chunks
 from vmi_core.targets import get_flavor
 from vmi_quant.config import get_amax_clamp_for_quant, get_token_alignment
 from vmi_quant.inputs import expert_rows
-from vmi_quant.config import get_amax_clamp_for_quant
 from vmi_quant.ops import NORM_EPS
 
 _Q = {"e4m3": 448.0, "e2m1": 6.0}
