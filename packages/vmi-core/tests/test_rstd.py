@@ -22,7 +22,8 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, cuda_arch, kernel_source
-from vmi_core.rstd import _fma, rstd, rstd_constants, rstd_reference
+from vmi_core.fp32 import fma
+from vmi_core.rstd import rstd, rstd_constants, rstd_reference
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl.rstd import rstd as rstd_kernel_fn
@@ -236,7 +237,7 @@ def fma_triples(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 class TestTwin:
     def test_fma_is_one_rounding(self):
         a, b, c = fma_triples(1)
-        got = _fma(a.double(), b.double(), c.double()).to(torch.float32)
+        got = fma(a, b, c)
         expected = f32([f32_of(Fraction(float(u)) * Fraction(float(v)) + Fraction(float(w)))
                         for u, v, w in zip(a.tolist(), b.tolist(), c.tolist(), strict=True)])
         zero = expected == 0  # exact zeros: +0 unless both a b and c are -0 (round to nearest)

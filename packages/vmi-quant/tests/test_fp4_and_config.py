@@ -1,5 +1,5 @@
-"""``unpack_from_e2m1fn_x2`` against the E2M1 value table written out, and
-``set_amax_clamp_for_quant``'s TileKernels keyword and argument checks."""
+"""``unpack_from_e2m1fn_x2`` against the E2M1 value table written out, ``set_amax_clamp_for_quant``'s
+TileKernels keyword and argument checks, and the token alignment of the psum layout."""
 
 from __future__ import annotations
 
@@ -61,3 +61,48 @@ def test_amax_clamp_refuses_bad_values(value, error):
     with pytest.raises(error, match="clamp_min_value"):
         set_amax_clamp_for_quant("e4m3", False, value)
     assert get_amax_clamp_for_quant("e4m3") == 1e-4
+
+
+# --- token alignment and the psum layout (quant-b spec §0.5) ---------------------------------
+
+def test_token_alignment_setting():
+    from vmi_quant import get_token_alignment, set_token_alignment
+
+    assert get_token_alignment() == 128
+    try:
+        set_token_alignment(4)
+        assert get_token_alignment() == 4
+    finally:
+        reset_runtime_config()
+    assert get_token_alignment() == 128
+    with pytest.raises(TypeError, match="alignment"):
+        set_token_alignment(4.0)
+    with pytest.raises(ValueError, match="alignment"):
+        set_token_alignment(0)
+
+
+def test_expert_rows_of_the_spec_example():
+    from vmi_quant.inputs import check_psum, expert_rows
+
+    psum = torch.tensor([3, 4, 9], dtype=torch.int32)  # counts [3, 0, 5], alignment 4
+    check_psum(psum, "psum", 12, 4, torch.device("cpu"))
+    valid = expert_rows(psum, 12, 4)
+    assert valid.tolist() == [True] * 3 + [False] + [True] * 5 + [False] * 3
+    assert expert_rows(None, 5, 4).tolist() == [True] * 5
+
+
+@pytest.mark.parametrize("psum,error", [
+    (torch.tensor([3, 2], dtype=torch.int32), "psum\\[1\\] = 2 is below its expert's first row 4"),
+    (torch.tensor([-1], dtype=torch.int32), "psum\\[0\\] must be >= 0"),
+    (torch.tensor([3, 13], dtype=torch.int32), "exceeds the number of rows, 12"),
+    (torch.tensor([], dtype=torch.int32), "at least one expert"),
+    (torch.tensor([[3]], dtype=torch.int32), "1-D"),
+    (torch.tensor([3, 4, 9, 9], dtype=torch.int32)[::2], "contiguous"),
+])
+def test_check_psum_refuses_bad_layouts(psum, error):
+    from vmi_quant.inputs import check_psum
+
+    with pytest.raises(ValueError, match=error):
+        check_psum(psum, "psum", 12, 4, torch.device("cpu"))
+    with pytest.raises(TypeError, match="psum must be torch.int32"):
+        check_psum(psum.long(), "psum", 12, 4, torch.device("cpu"))

@@ -21,7 +21,7 @@ operation. That is one correct rounding for ``+ - * / sqrt`` (a product of two f
 exact in float64; for the others float64 has more than ``2 * 24 + 2`` bits, so rounding twice
 gives the correctly rounded fp32 result). A fused multiply-add is not: ``a * b + c`` is rounded
 to float64 first, and its float64 rounding error (TwoSum) decides the fp32 ties it creates
-(``_fma``).
+(``vmi_core.fp32.fma_held``).
 
 ``rstd_reference`` is the float64 value of the exact formula (relative error below 2^-50), the
 high-precision reference tests bound both flavors against.
@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .fp32 import fma_held as _fma
+from .fp32 import round_held as _round
 from .targets import Flavor, get_flavor
 
 MIN_EPS = 2.0**-126
@@ -86,34 +88,6 @@ def rstd_constants(hidden: int, eps: float) -> RstdConstants:
     rc_hi, rc_lo = _split(1.0 / hidden)
     e_hi, e_lo = _split(eps)
     return RstdConstants(hidden, eps, rc_hi, rc_lo, e_hi, e_lo)
-
-
-# --- fp32 operations on fp32 values held in float64 ---------------------------------------------
-
-def _round(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.float32).to(torch.float64)
-
-
-def _fma(a: torch.Tensor, b, c) -> torch.Tensor:
-    """``f32(a * b + c)`` with one rounding.
-
-    ``a * b`` is exact in float64; ``s = a * b + c`` is rounded once, and TwoSum gives its error
-    ``e`` exactly, so ``a * b + c = s + e``. Rounding ``s`` to fp32 is right unless ``s`` is the
-    midpoint of two fp32 neighbours (a midpoint is a float64 number, so any midpoint between
-    ``s`` and the exact value would be nearer to it than ``s``): then ``e`` says on which side
-    the exact value lies, and a zero ``e`` leaves the tie to even.
-    """
-    prod = a * b
-    s = prod + c
-    t = s - prod
-    e = (prod - (s - t)) + (c - t)
-    r = s.to(torch.float32)
-    rd = r.to(torch.float64)
-    toward = torch.where(s > rd, torch.inf, -torch.inf).to(torch.float32)
-    other = torch.nextafter(r, toward)
-    tie = (s != rd) & ((s - rd) == (other.to(torch.float64) - s))
-    take_other = tie & (e != 0) & ((e > 0) == (other > r))
-    return torch.where(take_other, other, r).to(torch.float64)
 
 
 def _check_sum_sq(sum_sq: torch.Tensor) -> None:

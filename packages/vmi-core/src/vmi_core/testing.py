@@ -42,15 +42,20 @@ def bitwise_mismatches(actual: torch.Tensor, expected: torch.Tensor, limit: int 
 
 
 def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor, name: str = "tensor",
-                         check_stride: bool = True) -> None:
+                         check_stride: bool = True, any_nan: bool = False) -> None:
     """Same dtype, shape, device (and strides unless empty or ``check_stride=False``) and identical
-    bytes; -0.0 differs from +0.0 and NaN payloads count."""
+    bytes; -0.0 differs from +0.0 and NaN payloads count, unless ``any_nan``: then a floating
+    NaN matches a NaN of any payload (the vector unit's arithmetic makes its own NaN pattern)."""
     assert actual.dtype == expected.dtype, f"{name}: dtype {actual.dtype} != expected {expected.dtype}"
     assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
     assert actual.device == expected.device, f"{name}: device {actual.device} != expected {expected.device}"
     if check_stride and actual.numel() > 0:
         assert actual.stride() == expected.stride(), \
             f"{name}: strides {actual.stride()} != expected {expected.stride()}"
+    if any_nan and actual.is_floating_point():
+        nan = expected.isnan()
+        assert torch.equal(actual.isnan(), nan), f"{name}: NaNs at other positions than expected"
+        actual, expected = torch.where(nan, 0, actual), torch.where(nan, 0, expected)
     lines = bitwise_mismatches(actual, expected)
     if lines:
         raise AssertionError(f"{name}: bit patterns differ\n" + "\n".join(lines))

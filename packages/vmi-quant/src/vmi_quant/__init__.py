@@ -6,7 +6,13 @@ from .cast import cast
 from .cast_back import cast_back, per_token_cast_back
 from .cast_back_parallel import cast_back_parallel, per_token_cast_back_parallel
 from .cast_parallel import cast_parallel
-from .config import get_amax_clamp_for_quant, reset_runtime_config, set_amax_clamp_for_quant
+from .config import (
+    get_amax_clamp_for_quant,
+    get_token_alignment,
+    reset_runtime_config,
+    set_amax_clamp_for_quant,
+    set_token_alignment,
+)
 from .fp4 import unpack_from_e2m1fn_x2
 from .per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
 from .per_block_cast_lossless import per_block_cast_lossless
@@ -33,6 +39,7 @@ __all__ = [
     "cast_back_parallel",
     "cast_parallel",
     "get_amax_clamp_for_quant",
+    "get_token_alignment",
     "per_block_cast",
     "per_block_cast_lossless",
     "per_block_cast_lossless_parallel",
@@ -50,6 +57,7 @@ __all__ = [
     "per_token_cast_with_precomputed_sf",
     "per_token_cast_with_sf_only",
     "reset_runtime_config",
+    "set_token_alignment",
     "set_amax_clamp_for_quant",
     "unpack_from_e2m1fn_x2",
 ]

@@ -1,13 +1,16 @@
-"""Runtime configuration of the quantization ops: the amax clamp table.
+"""Runtime configuration of the quantization ops: the amax clamp table and the token alignment.
 
 Every block amax is clamped from below before its scale is computed, so that an
 all-zero block still gets a finite, non-zero scale. The clamp is part of each
 kernel's compile-time specialisation: changing it builds a new kernel.
+
+The token alignment is the row alignment of the experts' row ranges in the "psum" layout of the
+SwiGLU ops (each expert's rows start at a multiple of it; ``vmi_quant.inputs.expert_rows``).
 """
 
 from __future__ import annotations
 
-from vmi_core.checks import check_float
+from vmi_core.checks import check_float, check_int
 
 FORMATS = ("e4m3", "e2m1")
 
@@ -18,6 +21,8 @@ _DEFAULT_AMAX_CLAMP = {
     ("e2m1", True): 6.0 * 2.0**-9,
 }
 _amax_clamp = dict(_DEFAULT_AMAX_CLAMP)
+_DEFAULT_TOKEN_ALIGNMENT = 128
+_token_alignment = _DEFAULT_TOKEN_ALIGNMENT
 
 
 def validate_quant_fmt(fmt: str) -> None:
@@ -69,7 +74,35 @@ def set_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool, clamp_min_value: float
     _amax_clamp[(fmt, bool(use_e4m3_sf))] = value
 
 
+def get_token_alignment() -> int:
+    """The row alignment of the experts' row ranges in the psum layout (default 128).
+
+    Returns:
+        The alignment currently set: expert ``e`` owns rows ``[align(psum[e - 1]), psum[e])``.
+    """
+    return _token_alignment
+
+
+def set_token_alignment(alignment: int) -> None:
+    """Set the row alignment of the experts' row ranges in the psum layout (process-wide).
+
+    Every later call of an op taking ``psum_num_tokens_per_expert`` reads it; the name is
+    TileKernels'. ``reset_runtime_config`` restores the default, 128.
+
+    Args:
+        alignment: Rows per alignment unit, an int in ``[1, 2^20]``.
+
+    Raises:
+        TypeError: ``alignment`` is not an int.
+        ValueError: ``alignment`` is outside ``[1, 2^20]``.
+    """
+    global _token_alignment
+    _token_alignment = check_int(alignment, "alignment", 1, 1 << 20)
+
+
 def reset_runtime_config() -> None:
     """Restore every runtime setting of vmi-quant to its default."""
+    global _token_alignment
     _amax_clamp.clear()
     _amax_clamp.update(_DEFAULT_AMAX_CLAMP)
+    _token_alignment = _DEFAULT_TOKEN_ALIGNMENT

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import INT32_MAX, check_int, check_int_choice, check_kernel_extent
+from vmi_core.checks import INT32_MAX, check_int, check_int_choice, check_kernel_extent, check_tensor, is_traced
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor
 
@@ -170,3 +170,51 @@ def check_out_data(out_x, fmt: str, num_tokens: int, hidden: int, device: torch.
     if tuple(out_x.shape) != expected:
         raise ValueError(f"out data must have shape {expected}, got {tuple(out_x.shape)}")
     check_same_device(out_x, "out data", device)
+
+
+def expert_starts(psum: torch.Tensor, alignment: int) -> torch.Tensor:
+    """The first row of each expert in the psum layout: 0, then ``align(psum[e - 1], alignment)``."""
+    aligned = (psum[:-1].long() + alignment - 1) // alignment * alignment
+    return torch.cat([aligned.new_zeros(1), aligned])
+
+
+def check_psum(psum, name: str, num_rows: int, alignment: int, device: torch.device) -> torch.Tensor:
+    """Check a psum layout ``psum[e]`` = end of expert ``e``'s rows (quant-b spec §0.5).
+
+    A non-empty contiguous 1-D int32 tensor on ``device`` whose experts' ranges are well formed:
+    ``psum[0] >= 0``, ``psum[e] >= align(psum[e - 1], alignment)`` (an expert's range starts at the
+    aligned end of the previous one and may be empty) and ``psum[-1] <= num_rows``. The values are
+    read (not when traced), so a bad layout is a ValueError before any kernel runs.
+    """
+    check_tensor(psum, name, dtype=torch.int32, dim=1, device=device, contiguous=True)
+    if psum.numel() == 0:
+        raise ValueError(f"{name} must hold at least one expert (an empty psum marks no row valid)")
+    if is_traced(psum):
+        return psum
+    values = psum.cpu()
+    if int(values[0]) < 0:
+        raise ValueError(f"{name}[0] must be >= 0, got {int(values[0])}")
+    starts = expert_starts(values, alignment)
+    bad = (values.long() < starts).nonzero()
+    if bad.numel():
+        e = int(bad[0, 0])
+        raise ValueError(f"{name}[{e}] = {int(values[e])} is below its expert's first row {int(starts[e])} "
+                         f"(align({name}[{e - 1}], {alignment}))")
+    if int(values[-1]) > num_rows:
+        raise ValueError(f"{name}[-1] = {int(values[-1])} exceeds the number of rows, {num_rows}")
+    return psum
+
+
+def expert_rows(psum: torch.Tensor | None, num_rows: int, alignment: int) -> torch.Tensor:
+    """Which of ``num_rows`` rows belong to an expert in the psum layout (a bool tensor on psum's
+    device): expert ``e`` owns rows ``[start_e, psum[e])``, ``start_0 = 0``,
+    ``start_e = align(psum[e - 1], alignment)``; the rows between an expert's end and the next
+    start, and those from ``align(psum[-1])`` on, are padding. Without psum every row is valid."""
+    if psum is None:
+        return torch.ones(num_rows, dtype=torch.bool)
+    rows = torch.arange(num_rows, device=psum.device)
+    ends = psum.long()
+    expert = torch.searchsorted(ends, rows, right=True)
+    inside = expert < ends.numel()
+    starts = expert_starts(ends, alignment)
+    return inside & (rows >= starts[expert.clamp(max=ends.numel() - 1)])

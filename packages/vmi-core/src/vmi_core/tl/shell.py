@@ -144,6 +144,14 @@ class Shell:
         """``acc[i, s]`` = ``op`` over each ``seg_len`` columns (``vmi_core.tl.vector.segment_reduce``)."""
         return V.segment_reduce(self.in_simd, acc, shape, seg_len, value, op, init)
 
+    def row_sum(self, acc, shape, term, *, fused: bool = False):
+        """``acc[i]`` = the fixed-order fp32 sum of ``term`` over row ``i`` of ``shape``
+        (``vmi_core.tl.vector.row_sum``; the torch twins are ``vmi_core.sums``). Outside a SIMD
+        region it allocates its ``(rows, LANES)`` tile of partial sums, so on Ascend call it in a
+        SIMD region."""
+        partials = None if self.in_simd else self.tile((shape[0], V.LANES), "float32")
+        return V.row_sum(self.in_simd, acc, partials, shape, term, fused)
+
     def copy(self, src, dst):
         """DMA between global memory and a tile; partial tiles at the edges are clamped.
 

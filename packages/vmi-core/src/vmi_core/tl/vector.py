@@ -21,7 +21,7 @@ import tilelang.language as T
 
 from . import formats as F
 from .reduce import combine
-from .simd import LANES, Pred, Vec, bitcast, keep, maximum, minimum, simd
+from .simd import LANES, LaneVar, Pred, Vec, bitcast, fma, keep, maximum, minimum, simd
 
 _LOAD_DIST = {"uint16": ("UNPK_B16", 0xFFFF), "uint8": ("UNPK4_B8", 0xFF)}
 _STORE_DIST = {"uint16": "PK_B32", "uint8": "PK4_B32"}
@@ -409,6 +409,72 @@ def segment_reduce(vector: bool, acc, shape, seg_len: int, value, op: str, init)
         _segment_reduce_long(acc, rows, segments, seg_len, value, op, segment_masks(LANES)[0])
     else:
         raise ValueError(f"no vector form for segments of {seg_len} lanes")
+    phase_barrier()
+
+
+# --- fixed-order fp32 row sums (the lane order of vmi_core.sums) -----------------------------
+
+def _accumulate(partial, term, at, fused: bool):
+    if fused:
+        a, b = term(at)
+        return fma(a, b, partial)
+    return partial + term(at)
+
+
+@T.macro
+def _row_sum_scalar(acc, partials, rows: int, chunks: int, term, fused: bool):
+    # Lane l of a row accumulates columns l, l + 64, ... in a per-lane scalar (stored once, as in
+    # _segment_reduce_scalar); then one lane per row folds the row's partials in a local array
+    # (in place: p[l] reads p[2l] and p[2l + 1], both at or after l, before anything overwrites
+    # them; local, so that no shared tile is read and written inside a thread-guarded branch).
+    for i, lane in T.Parallel(rows, LANES):
+        running = T.alloc_var("float32")
+        running = T.float32(0)
+        for k in T.serial(chunks):
+            running = _accumulate(running, term, ElementAt((i,), k * LANES + lane), fused)
+        partials[i, lane] = running
+    for i in T.Parallel(rows):
+        folded = T.alloc_local((LANES,), "float32")
+        for lane in T.serial(LANES):
+            folded[lane] = partials[i, lane]
+        for width in (32, 16, 8, 4, 2, 1):
+            for lane in T.serial(width):
+                folded[lane] = folded[2 * lane] + folded[2 * lane + 1]
+        acc[i] = folded[0]
+
+
+def _row_sum_register(acc, r, chunks: int, term, fused: bool):
+    running = LaneVar(True, "float32", 0.0)
+    with T.serial(chunks) as k:
+        running.set(_accumulate(running.get(), term, ChunkAt((r,), k * LANES), fused))
+    partials = running.get()
+    for _ in range(6):
+        even, odd = deinterleave(partials, partials)
+        partials = keep(even + odd)
+    T.evaluate(_store_lane0(acc[r], partials))
+
+
+@T.macro
+def _row_sum_vector(acc, rows: int, chunks: int, term, fused: bool):
+    for r in T.serial(rows):
+        _row_sum_register(acc, r, chunks, term, fused)
+
+
+def row_sum(vector: bool, acc, partials, shape, term, fused: bool = False):
+    """``acc[i]`` = the sum over ``j < cols`` of ``term(at(i, j))`` in the lane order of
+    ``vmi_core.sums`` (64 partials over columns ``l, l + 64, ...`` from +0.0, then six folds of
+    adjacent partials), over a ``(rows, cols)`` domain with ``cols`` a multiple of ``LANES``.
+
+    ``term`` returns an fp32 lane value, or with ``fused`` a pair ``(a, b)`` that is accumulated
+    as ``fma(a, b, partial)``. The scalar form keeps the partials in ``partials``, a
+    ``(rows, LANES)`` fp32 tile; the vector form keeps a row's partials in one register and folds
+    them by deinterleaving (``partials`` unused)."""
+    rows, cols = shape
+    if cols % LANES:
+        raise ValueError(f"row_sum needs a multiple of {LANES} columns, got {cols}")
+    if not vector:
+        return _row_sum_scalar(acc, partials, rows, cols // LANES, term, fused)
+    _row_sum_vector(acc, rows, cols // LANES, term, fused)
     phase_barrier()
 
 

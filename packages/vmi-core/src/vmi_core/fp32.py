@@ -1,0 +1,66 @@
+"""Single fp32 operations in torch with the rounding a kernel gives them: the torch twins of
+``vmi_core.tl.simd.fma`` and ``vmi_core.tl.simd.exp``.
+
+torch has no fused multiply-add, and its float32 ``exp`` is not correctly rounded (within an ulp),
+so neither can serve as the oracle of a kernel that is bit-exact. Both are computed in float64:
+
+* ``fma``: ``a * b`` is exact in float64; ``s = a * b + c`` is rounded once, and TwoSum gives its
+  error ``e`` exactly, so ``a * b + c = s + e``. Rounding ``s`` to fp32 is right unless ``s`` is
+  the midpoint of two fp32 neighbours (a midpoint is a float64 number, so any midpoint between
+  ``s`` and the exact value would be nearer to it than ``s``): then ``e`` says on which side the
+  exact value lies, and a zero ``e`` leaves the tie to even.
+* ``exp``: the float64 exponential rounded once to fp32. The float64 result is within an ulp of
+  float64, so the fp32 rounding is the correct one unless the exact value lies within 2^-52
+  (relative) of a midpoint of two fp32 numbers, which no test input comes near (about one input
+  in 2^28 does).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def round_held(x: torch.Tensor) -> torch.Tensor:
+    """A float64 tensor rounded to fp32 and held in float64 again."""
+    return x.to(torch.float32).to(torch.float64)
+
+
+def fma_held(a: torch.Tensor, b, c) -> torch.Tensor:
+    """``f32(a * b + c)`` with one rounding, of fp32 values held in float64 (result held too)."""
+    prod = a * b
+    s = prod + c
+    t = s - prod
+    e = (prod - (s - t)) + (c - t)
+    r = s.to(torch.float32)
+    rd = r.to(torch.float64)
+    toward = torch.where(s > rd, torch.inf, -torch.inf).to(torch.float32)
+    other = torch.nextafter(r, toward)
+    tie = (s != rd) & ((s - rd) == (other.to(torch.float64) - s))
+    take_other = tie & (e != 0) & ((e > 0) == (other > r))
+    return torch.where(take_other, other, r).to(torch.float64)
+
+
+def _check_f32(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+
+
+def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``a * b + c`` of float32 tensors (broadcast) with one rounding, as float32.
+
+    Raises:
+        TypeError: an operand is not a float32 tensor.
+    """
+    for name, t in (("a", a), ("b", b), ("c", c)):
+        _check_f32(name, t)
+    return fma_held(a.double(), b.double(), c.double()).to(torch.float32)
+
+
+def exp(x: torch.Tensor) -> torch.Tensor:
+    """``e^x`` of a float32 tensor, correctly rounded to float32 (subnormal results kept).
+
+    Raises:
+        TypeError: ``x`` is not a float32 tensor.
+    """
+    _check_f32("x", x)
+    return torch.exp(x.double()).to(torch.float32)
