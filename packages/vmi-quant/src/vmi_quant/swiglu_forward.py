@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import check_disjoint, check_float, check_int_choice, check_tensor, is_traced
+from vmi_core.checks import check_disjoint, check_float, check_int_choice, check_tensor
 from vmi_core.library import KernelOp, Param
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
@@ -71,11 +71,7 @@ def _check_x(x) -> tuple[int, int]:
 def _check_expert_inputs(x, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
     num_rows = x.shape[0]
     if psum is not None:
-        check_psum(psum, "psum_num_tokens_per_expert")
-        check_same_device(psum, "psum_num_tokens_per_expert", x.device)
-        if not is_traced(psum) and int(psum[-1]) > num_rows:
-            raise ValueError(f"psum_num_tokens_per_expert must end at most at the number of rows of x "
-                             f"({num_rows}), got {int(psum[-1])}")
+        check_psum(psum, "psum_num_tokens_per_expert", num_rows, get_token_alignment(), x.device)
     if topk_weights is not None:
         check_tensor(topk_weights, "topk_weights", dtype=torch.float32, shape=(num_rows,), contiguous=True)
         check_same_device(topk_weights, "topk_weights", x.device)
@@ -216,10 +212,9 @@ def swiglu_forward(x: torch.Tensor, fmt: str, psum_num_tokens_per_expert: torch.
         fmt: Output format, ``"fp32"`` or ``"bf16"``.
         x: bf16/fp32 ``(N, 2H)`` ``[gate | up]`` with ``H`` a multiple of 64 and unit stride
             along the columns (the row stride may exceed ``2H``).
-        psum_num_tokens_per_expert: Optional int32 ``(E,)`` contiguous, non-empty, non-decreasing
-            inclusive prefix sums of the tokens per expert, at most ``N`` (TileKernels' expert
-            layout): with ``A = get_token_alignment()``, expert ``e`` owns rows
-            ``[align(psum[e-1], A), psum[e])`` (from row 0 for ``e = 0``). Rows outside every
+        psum_num_tokens_per_expert: Optional int32 ``(E,)`` contiguous, non-empty expert layout
+            (TileKernels' psum): with ``A = get_token_alignment()``, expert ``e`` owns rows
+            ``[align(psum[e-1], A), psum[e])`` (from row 0 for ``e = 0``), ``psum[-1] <= N``. Rows outside every
             expert are padding: they are not read, not written and not counted. None: every
             row is valid.
         topk_weights: Optional fp32 ``(N,)`` contiguous per-row weight ``w``.
@@ -298,10 +293,9 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str, num_per_channel
             ``round_sf``).
         x: bf16/fp32 ``(N, 2H)`` ``[gate | up]`` with ``H`` a multiple of 64 and unit stride
             along the columns (the row stride may exceed ``2H``).
-        psum_num_tokens_per_expert: Optional int32 ``(E,)`` contiguous, non-empty, non-decreasing
-            inclusive prefix sums of the tokens per expert, at most ``N`` (TileKernels' expert
-            layout): with ``A = get_token_alignment()``, expert ``e`` owns rows
-            ``[align(psum[e-1], A), psum[e])`` (from row 0 for ``e = 0``). Rows outside every
+        psum_num_tokens_per_expert: Optional int32 ``(E,)`` contiguous, non-empty expert layout
+            (TileKernels' psum): with ``A = get_token_alignment()``, expert ``e`` owns rows
+            ``[align(psum[e-1], A), psum[e])`` (from row 0 for ``e = 0``), ``psum[-1] <= N``. Rows outside every
             expert are padding: they are not read, not written and not counted. None: every
             row is valid.
         topk_weights: Optional fp32 ``(N,)`` contiguous per-row weight ``w``.
