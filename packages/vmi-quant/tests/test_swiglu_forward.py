@@ -19,6 +19,7 @@ from vmi_core.sf_layout import align
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
 from vmi_devkit.cases.swiglu_forward_cases import COVERING, FULL, SF_MODES, SIM_COVERING, SIM_FULL, case_id
 from vmi_quant.config import get_token_alignment, set_token_alignment
+from vmi_quant.inputs import expert_rows
 from vmi_quant.reference import swiglu_forward as reference
 from vmi_quant.swiglu_forward import _prepare, swiglu_forward, swiglu_forward_and_per_token_cast
 from vmi_quant.swiglu_forward_parallel import (
@@ -62,7 +63,8 @@ def _psum(num_rows: int, seed: int) -> torch.Tensor:
 
 def _values(shape, seed, dtype):
     """``(N, 2H)`` inputs around the clamp values, with clamp ties (0.5, -0.5), gates whose silu
-    quotient is subnormal (-100) or that are subnormal themselves (2^-130), and huge gates."""
+    quotient is subnormal (1.5 * 2^-126) or that are subnormal themselves (2^-130), gates whose
+    ``exp(-a)`` overflows (-100) and huge gates."""
     rows, hidden = shape
     x = randn((rows, 2 * hidden), seed) * 2
     if rows:
@@ -71,6 +73,7 @@ def _values(shape, seed, dtype):
         x[:, 1] = -100.0
         x[:, 2] = 2.0 ** -130
         x[:, 3] = 1e4
+        x[:, 4] = 1.5 * 2.0 ** -126
         x[:, hidden + 3] = -3.0
     return x.to(dtype)
 
@@ -85,22 +88,44 @@ def _arguments(case, shape, seed):
     return x, psum, topk, rsf, clamp, counter
 
 
-def _check_case(case, shapes=SHAPES, *, target=None, offset=0):
+SENTINEL = 0xA5
+
+
+def _run(case, x, psum, topk, rsf, clamp, counter, target, flavor):
+    """The op's kernel (``target``) or reference run on outputs pre-filled with a sentinel byte;
+    rows outside the expert layout must keep it (in the data and in every byte of the SF)."""
+    in_dtype, fmt, npc, sf_mode, *_ = case
+    col_major, round_sf, packed = SF_MODES[sf_mode] if fmt == "e4m3" else (False, False, False)
+    _, call = _prepare(x, fmt, npc, psum, topk, rsf, col_major, round_sf, packed, clamp, counter, target, flavor)
+    outputs = [call.out] if call.sf is None else [call.out, call.sf]
+    for t in outputs:
+        (t.T if col_major and t is call.sf else t).view(torch.uint8).fill_(SENTINEL)
+    launch(call, target)
+    padding = ~reference_rows(psum, x.shape[0])
+    for t in outputs:
+        assert (t[padding].contiguous().view(torch.uint8) == SENTINEL).all(), "a row outside the experts was written"
+    return outputs
+
+
+def reference_rows(psum, num_rows):
+    if psum is None:
+        return torch.ones(num_rows, dtype=torch.bool)
+    return expert_rows(psum, num_rows, get_token_alignment())
+
+
+def _check_case(case, shapes=SHAPES, *, target="cpu", offset=0):
     in_dtype, fmt, npc, sf_mode, with_psum, weights, clamp, count, flavor = case
     for seed, shape in enumerate(shapes):
         x, psum, topk, rsf, clamp, counter = _arguments(case, shape, seed)
         schedule = SIM_SCHEDULES[(seed + offset) % len(SIM_SCHEDULES)]
         label = f"{case_id(case)} shape={shape} target={target} schedule={schedule}"
-        run_flavor = None if target == "ascend-sim" else flavor
         y, valid, counts = reference.swiglu_forward(x, psum, topk, rsf, clamp, ALIGNMENT, flavor)
         with sim_schedule(schedule):
-            if fmt == "e4m3":
-                col_major, round_sf, packed = SF_MODES[sf_mode]
-                data, sf = swiglu_forward_and_per_token_cast(x, fmt, npc, psum, topk, rsf, col_major, round_sf,
-                                                             packed, clamp, counter, target=target, flavor=run_flavor)
-            else:
-                out = swiglu_forward(x, fmt, psum, topk, rsf, clamp, counter, target=target, flavor=run_flavor)
+            outputs = _run(case, x, psum, topk, rsf, clamp, counter, target,
+                           None if target == "ascend-sim" else flavor)
         if fmt == "e4m3":
+            col_major, round_sf, packed = SF_MODES[sf_mode]
+            data, sf = outputs
             (ref_data, ref_sf), _, _ = reference.swiglu_forward_and_per_token_cast(
                 x, npc, psum, topk, rsf, col_major, round_sf, packed, clamp, ALIGNMENT, flavor)
             assert data.dtype == ref_data.dtype and data.shape == ref_data.shape, label
@@ -110,6 +135,7 @@ def _check_case(case, shapes=SHAPES, *, target=None, offset=0):
             assert_bitwise_equal(data[valid], ref_data[valid], f"data [{label}]")
             assert_bitwise_equal(sf[valid], ref_sf[valid], f"sf [{label}]")
         else:
+            (out,) = outputs
             assert out.shape == y.shape and out.is_contiguous(), label
             assert_bitwise_equal(out[valid], y[valid].to(DTYPES[fmt]), f"out [{label}]")
         if counter is not None:
@@ -140,59 +166,54 @@ def test_matches_reference_on_ascend_sim_full(case):
 
 @pytest.mark.slow
 def test_large_shape():
-    _check_case(COVERING[2], shapes=[(4001, 3584)])
+    _check_case(COVERING[1], shapes=[(4001, 3584)])
 
 
-@pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
-def test_rows_outside_experts_untouched(target):
+def test_rows_outside_experts():
     # Spec §0.5's example at alignment 4: counts [3, 0, 5] -> psum [3, 4, 9] over 12 rows; rows 3,
-    # 9, 10 and 11 are padding. The kernel of SIM_COVERING[0] writes into outputs filled with a
-    # sentinel; the padding rows keep it, in the data and in every byte of the packed SF.
+    # 9, 10 and 11 are padding (``_run`` checks they keep the sentinel). The kernel of COVERING[1].
     set_token_alignment(4)
     x = _values((12, 128), 3, torch.bfloat16)
     psum = torch.tensor([3, 4, 9], dtype=torch.int32)
     counter = torch.zeros(4, dtype=torch.int64)
-    _, call = _prepare(x, "e4m3", 32, psum, randn((12,), 4), RSF, True, True, True, 0.5, counter, target, None)
-    call.out.view(torch.uint8).fill_(0x5A)
-    call.sf.T.view(torch.uint8).fill_(0xA5)  # column-major: its transpose is the storage
-    launch(call, target)
-    padding = torch.tensor([3, 9, 10, 11])
+    data, sf = _run(COVERING[1], x, psum, randn((12,), 4), RSF, 0.5, counter, "cpu", "ascend")
     rows = torch.tensor([0, 1, 2, 4, 5, 6, 7, 8])
-    assert (call.out.view(torch.uint8)[padding] == 0x5A).all()
-    assert (call.sf[padding].view(torch.uint8) == 0xA5).all()
-    assert (call.out.view(torch.uint8)[rows] != 0x5A).any(dim=1).all()
+    assert (data.view(torch.uint8)[rows] != SENTINEL).any(dim=1).all()
     assert counter[3].item() == 8 * 128
 
 
 def test_clamp_counts_example():
-    # Spec §6.2: c = 0.5, gate [0.7, 0.5, -3], up [0.6, -0.6, 0.5] (the other 61 channels 0) ->
-    # +[1, 1, 1, 64]; the outputs use a' = [0.5, 0.5, -3], b' = [0.5, -0.5, 0.5].
-    x = torch.zeros(1, 128)
+    # Spec §6.2: c = 0.5, gate [0.7, 0.5, -3], up [0.6, -0.6, 0.5] (bf16; the other 61 channels 0)
+    # -> +[1, 1, 1, 64]; the outputs use a' = [0.5, 0.5, -3], b' = [0.5, -0.5, 0.5]. One expert
+    # over the one row, weight 1: the kernel of COVERING[0].
+    x = torch.zeros(1, 128, dtype=torch.bfloat16)
     x[0, :3] = torch.tensor([0.7, 0.5, -3.0])
     x[0, 64:67] = torch.tensor([0.6, -0.6, 0.5])
+    psum = torch.tensor([1], dtype=torch.int32)
     counter = torch.tensor([10, 20, 30, 40], dtype=torch.int64)
-    out = swiglu_forward(x, "fp32", clamp_value=0.5, clamped_count=counter)
+    args = (x, "bf16", psum, torch.ones(1), 1.0, 0.5, counter)
+    out = swiglu_forward(*args)
     assert counter.tolist() == [11, 21, 31, 104]
     silu = torch.tensor([0.5, 0.5, -3.0], dtype=torch.float64)
-    silu = silu / (1 + torch.exp(-silu))
-    expected = silu * torch.tensor([0.5, -0.5, 0.5], dtype=torch.float64)
-    # fp32 steps against the exact value: a few ulp.
-    torch.testing.assert_close(out[0, :3].double(), expected, rtol=1e-6, atol=0)
+    expected = silu / (1 + torch.exp(-silu)) * torch.tensor([0.5, -0.5, 0.5], dtype=torch.float64)
+    # bf16 output of the exact value: half an ulp of bf16, plus the fp32 steps.
+    torch.testing.assert_close(out[0, :3].double(), expected, rtol=2.0 ** -8, atol=0)
     assert (out[0, 3:] == 0).all()
     # Counters accumulate and are never reset.
-    swiglu_forward(x, "fp32", clamp_value=0.5, clamped_count=counter)
+    swiglu_forward(*args)
     assert counter.tolist() == [12, 22, 32, 168]
 
 
 def test_division_flavors():
-    # A subnormal gate 2^-130 divided by 1 + exp(-a) = 2: IEEE (cuda) gives the subnormal 2^-131,
-    # Ascend's vector division flushes it (and its operand) to +0; the up projection is 1.
-    x = torch.zeros(1, 128)
-    x[0, 0] = 2.0 ** -130
-    x[0, 64] = 1.0
-    assert swiglu_forward(x, "fp32", flavor="cuda")[0, 0].item() == 2.0 ** -131
-    assert swiglu_forward(x, "fp32", flavor="ascend")[0, 0].item() == 0.0
-    assert swiglu_forward(x, "fp32", target="ascend-sim")[0, 0].item() == 0.0
+    # Gates 2^-130 (subnormal) and 1.5 * 2^-126 (normal) over 1 + exp(-a) = 2: IEEE (cuda) gives
+    # the subnormal quotients, the Ascend vector division flushes operand and quotient to +0.
+    # -100: exp(100) overflows, -100 / inf = -0 in both. The kernels meet such gates in every
+    # case's inputs (``_values``).
+    gate = torch.tensor([2.0 ** -130, 1.5 * 2.0 ** -126, -100.0, 1.0])
+    cuda, ascend = reference.silu(gate, "cuda"), reference.silu(gate, "ascend")
+    assert cuda[0].item() == 2.0 ** -131 and cuda[1].item() == 1.5 * 2.0 ** -127
+    assert ascend[0].item() == 0.0 and ascend[1].item() == 0.0
+    assert cuda[2].item() == 0.0 and torch.signbit(cuda[2]) and torch.equal(cuda[2:], ascend[2:])
 
 
 def test_strided_rows():
@@ -203,9 +224,9 @@ def test_strided_rows():
     psum = _psum(19, 5)
     topk = randn((19,), 6)
     counter = torch.zeros(4, dtype=torch.int64)
-    got = swiglu_forward(x, "fp32", psum, topk, RSF, 0.5, counter)
+    got = swiglu_forward(x, "bf16", psum, topk, RSF, 0.5, counter)
     y, valid, counts = reference.swiglu_forward(x.contiguous(), psum, topk, RSF, 0.5, ALIGNMENT, "ascend")
-    assert_bitwise_equal(got[valid], y[valid], "out")
+    assert_bitwise_equal(got[valid], y[valid].bfloat16(), "out")
     assert torch.equal(counter, counts)
 
 
@@ -224,20 +245,28 @@ def test_no_rows_launch_nothing(monkeypatch):
 
 
 def test_torch_target_and_parallel_entry_points():
+    # The kernels of COVERING[0] and [1].
     x = _values((16, 128), 7, torch.bfloat16)
     psum = _psum(16, 7)
-    y, valid, _ = reference.swiglu_forward(x, psum, None, None, 10.0, ALIGNMENT, "ascend")
-    for out in (swiglu_forward(x, "bf16", psum, clamp_value=10.0, target="torch"),
-                swiglu_forward_parallel(x, "bf16", psum, clamp_value=10.0)):
+    topk = randn((16,), 8)
+    y, valid, _ = reference.swiglu_forward(x, psum, topk, RSF, 0.5, ALIGNMENT, "ascend")
+    args = (x, "bf16", psum, topk, RSF, 0.5)
+    for out in (swiglu_forward(*args, torch.zeros(4, dtype=torch.int64), target="torch"),
+                swiglu_forward_parallel(*args, torch.zeros(4, dtype=torch.int64))):
         assert_bitwise_equal(out[valid], y[valid].bfloat16(), "bf16 out")
-    (data, sf), valid, _ = reference.swiglu_forward_and_per_token_cast(x, 32, psum, alignment=ALIGNMENT, round_sf=True)
-    for got in (swiglu_forward_and_per_token_cast(x, "e4m3", 32, psum, round_sf=True, target="torch"),
-                swiglu_forward_and_per_token_cast_parallel(x, "e4m3", 32, psum, round_sf=True)):
+    # fmt bf16/fp32 with num_per_channels None: the plain SwiGLU, one tensor (as TileKernels).
+    plain = swiglu_forward_and_per_token_cast(x, "bf16", None, psum, topk, RSF, clamp_value=0.5,
+                                              clamped_count=torch.zeros(4, dtype=torch.int64))
+    assert_bitwise_equal(plain[valid], y[valid].bfloat16(), "plain out")
+    (data, sf), valid, _ = reference.swiglu_forward_and_per_token_cast(x, 32, psum, topk, RSF, True, True, True,
+                                                                        0.5, ALIGNMENT)
+    options = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True, clamp_value=0.5)
+    for target, run in (("torch", swiglu_forward_and_per_token_cast),
+                        (None, swiglu_forward_and_per_token_cast_parallel)):
+        got = run(x, "e4m3", 32, psum, topk, RSF, clamped_count=torch.zeros(4, dtype=torch.int64), target=target,
+                  **options)
         assert_bitwise_equal(got[0][valid], data[valid], "data")
         assert_bitwise_equal(got[1][valid], sf[valid], "sf")
-    # fmt bf16/fp32 with num_per_channels None: the plain SwiGLU, one tensor (as TileKernels).
-    plain = swiglu_forward_and_per_token_cast(x, "fp32", None, psum, clamp_value=10.0)
-    assert_bitwise_equal(plain[valid], y[valid], "fp32 out")
     with pytest.raises(ValueError, match="target 'torch'"):
         swiglu_forward_parallel(x, "fp32", target="torch")
     with pytest.raises(ValueError, match="target 'torch'"):

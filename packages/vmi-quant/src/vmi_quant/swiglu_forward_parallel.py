@@ -151,6 +151,14 @@ def build_swiglu_forward(spec: SwigluForwardSpec, target: str):
         sh.elementwise((1, BK), lambda at: encode("e4m3", at.load(y) * at.group(sf_inv, npc)), q)
 
     @T.macro
+    def activation(xl, xr, clamp, weight, y, amax, sf_val, sf_inv, out):
+        if quantized:
+            sh.elementwise((1, BK), lambda at: swiglu(at, xl, xr, clamp, weight), y)
+            quantize(y, amax, sf_val, sf_inv, out)
+        else:
+            sh.elementwise((1, BK), lambda at: output_value(at, xl, xr, clamp, weight), out)
+
+    @T.macro
     def scatter_scales(SF, sf_val, row, k0, sf_sm, sf_sk):
         for g in T.Parallel(groups):
             if k0 // npc + g < num_sf_cols:
@@ -226,11 +234,7 @@ def build_swiglu_forward(spec: SwigluForwardSpec, target: str):
                     sh.copy(X[row, k0], xl)
                     sh.copy(X[row, H + k0], xr)
                     with sh.vector(SIMD):
-                        if quantized:
-                            sh.elementwise((1, BK), lambda at: swiglu(at, xl, xr, clamp, weight), y)
-                            quantize(y, amax, sf_val, sf_inv, out)
-                        else:
-                            sh.elementwise((1, BK), lambda at: output_value(at, xl, xr, clamp, weight), out)
+                        activation(xl, xr, clamp, weight, y, amax, sf_val, sf_inv, out)
                         if spec.count_clamped:
                             count_clamped(xl, xr, clamp, cols, gate_count, up_above_count, up_below_count)
                     sh.copy(out, OUT[row, k0])
