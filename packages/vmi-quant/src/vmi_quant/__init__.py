@@ -28,6 +28,8 @@ from .per_token_cast import (
 from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
 from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_parallel
 from .per_token_cast_parallel import per_token_cast_parallel
+from .swiglu_forward import swiglu_forward, swiglu_forward_and_per_token_cast
+from .swiglu_forward_parallel import swiglu_forward_and_per_token_cast_parallel, swiglu_forward_parallel
 
 __version__ = "0.1.0"
 
@@ -59,5 +61,9 @@ __all__ = [
     "reset_runtime_config",
     "set_token_alignment",
     "set_amax_clamp_for_quant",
+    "swiglu_forward",
+    "swiglu_forward_and_per_token_cast",
+    "swiglu_forward_and_per_token_cast_parallel",
+    "swiglu_forward_parallel",
     "unpack_from_e2m1fn_x2",
 ]

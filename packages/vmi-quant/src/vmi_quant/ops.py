@@ -21,6 +21,7 @@ from .cast import CAST
 from .cast_back import CAST_BACK
 from .cast_back_parallel import CastBackSpec, cast_back_source
 from .cast_parallel import CastSpec, cast_source
+from .config import get_token_alignment
 from .per_block_cast import PER_BLOCK_CAST
 from .per_block_cast import make_spec as make_block_spec
 from .per_block_cast_lossless import PER_BLOCK_CAST_LOSSLESS
@@ -35,6 +36,9 @@ from .per_token_cast_and_cast_back import PER_TOKEN_CAST_AND_CAST_BACK
 from .per_token_cast_and_cast_back import make_spec as make_round_trip_spec
 from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_source
 from .per_token_cast_parallel import per_token_cast_source
+from .swiglu_forward import SWIGLU_FORWARD, SWIGLU_FORWARD_AND_PER_TOKEN_CAST
+from .swiglu_forward import make_spec as make_swiglu_spec
+from .swiglu_forward_parallel import swiglu_forward_source
 
 _IN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -292,6 +296,72 @@ def _cast_back_source(options, target, flavor):
     return cast_back_source(spec, target)
 
 
+# --- swiglu_forward / swiglu_forward_and_per_token_cast ---
+
+SWIGLU_OPTIONS = (
+    Option("in_dtype", "bf16", tuple(_IN_DTYPES), "input dtype of x (N, 2H)"),
+    Option("experts", 8, help="experts of the psum layout (0: no layout, every row valid)"),
+    Option("weights", True, help="per-row topk_weights with routed_scaling_factor 2.5"),
+    Option("clamp", True, help="clamp_value 10.0 (the SwiGLU limit)"),
+)
+SWIGLU_FORWARD_OPTIONS = (Option("fmt", "bf16", ("bf16", "fp32"), "output format"), *SWIGLU_OPTIONS)
+SWIGLU_CAST_OPTIONS = (
+    Option("num_per_channels", 32, (32, 128), "channels per scaling factor"),
+    *SWIGLU_OPTIONS,
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+)
+SWIGLU_CLAMP = 10.0
+SWIGLU_SCALING_FACTOR = 2.5
+
+
+def _swiglu_psum(num_rows: int, experts: int, seed: int) -> torch.Tensor:
+    """A psum layout of ``experts`` experts over every row: each expert's token count a multiple of
+    the token alignment (so no row is padding and every output element is defined), the rows not
+    a multiple of it in the last expert."""
+    alignment = get_token_alignment()
+    blocks = num_rows // alignment
+    cuts = torch.sort(torch.randint(0, blocks + 1, (experts - 1,), generator=generator(seed))).values
+    ends = torch.cat([cuts * alignment, torch.tensor([num_rows])])
+    return ends.to(torch.int32)
+
+
+def _swiglu_inputs(shape, options, seed):
+    num_rows = shape[0]
+    inputs = {"x": randn(shape, seed, _IN_DTYPES[options["in_dtype"]])}
+    if options["experts"]:
+        inputs["psum_num_tokens_per_expert"] = _swiglu_psum(num_rows, options["experts"], seed)
+    if options["weights"]:
+        inputs["topk_weights"] = torch.rand(num_rows, generator=generator(seed + 1))
+    return inputs
+
+
+def _swiglu_arguments(inputs, options, flavor):
+    return {"routed_scaling_factor": SWIGLU_SCALING_FACTOR if options["weights"] else None,
+            "clamp_value": SWIGLU_CLAMP if options["clamp"] else None}
+
+
+def _swiglu_cast_arguments(inputs, options, flavor):
+    return {"fmt": "e4m3", **_swiglu_arguments(inputs, options, flavor)}
+
+
+def _swiglu_source(options, target, flavor):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    fmt, npc, layout, round_sf = options.get("fmt", "e4m3"), None, None, False
+    if fmt == "e4m3":
+        npc, round_sf = options["num_per_channels"], options["round_sf"]
+        layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"],
+                             col_major=options["use_tma_aligned_col_major_sf"])
+    spec = make_swiglu_spec(options["in_dtype"], fmt, npc, layout, round_sf, with_psum=options["experts"] > 0,
+                            with_weights=options["weights"], with_scaling_factor=options["weights"],
+                            with_clamp=options["clamp"], flavor=flavor)
+    return swiglu_forward_source(spec, target)
+
+
+_SWIGLU_BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168), (1, 7168), (16, 7168))
+
+
 OPS = [
     kernel_op_entry(
         PER_TOKEN_CAST,
@@ -406,5 +476,29 @@ OPS = [
         make_inputs=_cast_back_inputs,
         source=_cast_back_source,
         aliases=("per_token_cast_back",),
+    ),
+    kernel_op_entry(
+        SWIGLU_FORWARD,
+        arguments=_swiglu_arguments,
+        family="quant",
+        summary="SwiGLU of MoE expert rows (x = [gate | up], psum layout, row weights, clamp counters) to bf16/fp32",
+        default_shape=(1024, 4096),
+        bench_shapes=_SWIGLU_BENCH_SHAPES,
+        options=SWIGLU_FORWARD_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_swiglu_inputs,
+        source=_swiglu_source,
+    ),
+    kernel_op_entry(
+        SWIGLU_FORWARD_AND_PER_TOKEN_CAST,
+        arguments=_swiglu_cast_arguments,
+        family="quant",
+        summary="SwiGLU of MoE expert rows quantized to E4M3 per token (groups of 32 or 128 channels)",
+        default_shape=(1024, 4096),
+        bench_shapes=_SWIGLU_BENCH_SHAPES,
+        options=SWIGLU_CAST_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_swiglu_inputs,
+        source=_swiglu_source,
     ),
 ]

@@ -351,6 +351,48 @@ def transpose_weight_sf_baseline(op, options):
                          "int16/int32 words, expand over the block's rows into one pool", chunks=False)
 
 
+# --- swiglu_forward / swiglu_forward_and_per_token_cast ---
+
+def _swiglu(x: torch.Tensor, topk_weights, routed_scaling_factor, clamp_value) -> torch.Tensor:
+    hidden = x.shape[1] // 2
+    gate, up = x[:, :hidden].float(), x[:, hidden:].float()
+    if clamp_value is not None:
+        gate = gate.clamp(max=clamp_value)
+        up = up.clamp(-clamp_value, clamp_value)
+    y = torch.nn.functional.silu(gate) * up
+    if topk_weights is not None:
+        weights = topk_weights * routed_scaling_factor if routed_scaling_factor is not None else topk_weights
+        y = y * weights[:, None]
+    return y
+
+
+def _swiglu_chunk(inputs, options, a, b):
+    weights = inputs.get("topk_weights")
+    return _swiglu(inputs["x"][a:b], None if weights is None else weights[a:b],
+                   2.5 if options["weights"] else None, 10.0 if options["clamp"] else None)
+
+
+def swiglu_forward_baseline(op, options):
+    dtype = torch.bfloat16 if options["fmt"] == "bf16" else torch.float32
+
+    def run(inputs, flavor, rows):
+        return in_row_chunks(lambda a, b: _swiglu_chunk(inputs, options, a, b).to(dtype), inputs["x"].shape[0], rows)
+    return Baseline(run, "torch ops: F.silu(gate.float()) * up.float() (clamp, * weights), .to(fmt); every row")
+
+
+def swiglu_cast_baseline(op, options):
+    npc, round_sf = options["num_per_channels"], options["round_sf"]
+    packed, col = options["use_packed_ue8m0"], options["use_tma_aligned_col_major_sf"]
+
+    def run(inputs, flavor, rows):
+        def chunk(a, b):
+            return _block_quant(_swiglu_chunk(inputs, options, a, b), "e4m3", 1, npc, round_sf, False)[:2]
+        data, stored = in_row_chunks(chunk, inputs["x"].shape[0], rows)
+        return data, _layout(stored, packed, col, flavor)
+    return Baseline(run, f"torch ops: F.silu(gate.float()) * up.float() (clamp, * weights), view (rows, groups, "
+                         f"{npc}), abs().amax(-1), clamp, y * (Q / amax), .to(float8_e4m3fn); every row")
+
+
 BASELINES = {
     "per_token_cast": per_token_cast_baseline,
     "per_token_cast_and_cast_back": round_trip_baseline,
@@ -360,4 +402,6 @@ BASELINES = {
     "cast": cast_baseline,
     "cast_back": cast_back_baseline,
     "batched_transpose_weight_sf": transpose_weight_sf_baseline,
+    "swiglu_forward": swiglu_forward_baseline,
+    "swiglu_forward_and_per_token_cast": swiglu_cast_baseline,
 }
