@@ -98,6 +98,13 @@ VARIANTS = {
         num_per_channels=32, use_packed_ue8m0=True),
     "batched_transpose_weight_sf-out": _transpose_into_reused_outputs,
     "per_token_cast_and_cast_back-fp32": lambda: vmi_quant.per_token_cast_and_cast_back(X.float(), "e2m1", 16),
+    # The mutable clamped_count, the psum layout (one expert over every row: no padding rows, whose
+    # outputs are left unwritten) and a packed column-major SF.
+    "swiglu_forward-clamped_count": lambda: vmi_quant.swiglu_forward(
+        X, "bf16", torch.tensor([12], dtype=torch.int32), torch.rand(12), 2.5, 0.5, torch.zeros(4, dtype=torch.int64)),
+    "swiglu_forward_and_per_token_cast-clamped_count": lambda: vmi_quant.swiglu_forward_and_per_token_cast(
+        X, "e4m3", 32, torch.tensor([12], dtype=torch.int32), use_tma_aligned_col_major_sf=True, round_sf=True,
+        use_packed_ue8m0=True, clamp_value=0.5, clamped_count=torch.zeros(4, dtype=torch.int64)),
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
