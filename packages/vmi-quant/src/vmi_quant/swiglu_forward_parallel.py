@@ -81,6 +81,22 @@ def _flush_subnormal(x):
                                   bits & F.u32(0x80000000), bits))
 
 
+def clamp_gate_up(a, b, clamp):
+    """``(min(a, c), clamp(b, -c, c))`` of fp32 lane values; comparisons keep a NaN as it is (a NaN
+    is above nothing and below nothing)."""
+    return select(a > clamp, clamp, a), select(b > clamp, clamp, select(b < -clamp, -clamp, b))
+
+
+def silu_quotient(a, flush_division: bool, in_simd: bool):
+    """``fl(a / fl(1 + exp(-a)))`` of an fp32 lane value (bound once: ``keep``), with the correctly
+    rounded exp; ``flush_division``: subnormal operand and quotient flushed to signed zero, as the
+    Ascend vector division does by itself (``in_simd``) and scalar code models."""
+    denominator = 1.0 + exp(-a)
+    if flush_division and not in_simd:
+        return _flush_subnormal(_flush_subnormal(a) / denominator)
+    return a / denominator
+
+
 def build_swiglu_forward(spec: SwigluForwardSpec, target: str):
     """The TileLang prim_func of ``spec`` for ``target``."""
     sh = Shell(target)
@@ -104,26 +120,11 @@ def build_swiglu_forward(spec: SwigluForwardSpec, target: str):
     H = XW // 2
     num_sf_cols = T.ceildiv(H, npc)
 
-    def clamped(at, xl, xr, clamp):
-        a = decode(spec.in_fmt, at, xl)
-        b = decode(spec.in_fmt, at, xr)
-        if not spec.with_clamp:
-            return a, b
-        # Comparisons keep a NaN as it is (a NaN is above nothing and below nothing).
-        a = select(a > clamp, clamp, a)
-        b = select(b > clamp, clamp, select(b < -clamp, -clamp, b))
-        return a, b
-
     def swiglu(at, xl, xr, clamp, weight):
-        a, b = clamped(at, xl, xr, clamp)
-        a = keep(a)
-        denominator = 1.0 + exp(-a)
-        if spec.flush_division and not sh.in_simd:
-            # The vector unit's division flushes by itself; scalar code models it.
-            silu = _flush_subnormal(_flush_subnormal(a) / denominator)
-        else:
-            silu = a / denominator
-        y = silu * b
+        a, b = decode(spec.in_fmt, at, xl), decode(spec.in_fmt, at, xr)
+        if spec.with_clamp:
+            a, b = clamp_gate_up(a, b, clamp)
+        y = silu_quotient(keep(a), spec.flush_division, sh.in_simd) * b
         if spec.with_weights:
             y = y * weight
         return canonical_nan(y)

@@ -117,3 +117,15 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, num_per_channels: int,
                      use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, use_packed_ue8m0=use_packed_ue8m0,
                      flavor=flavor)
     return quantized, valid, counts
+
+
+def swiglu_forward_and_per_channel_cast_and_transpose(x: torch.Tensor, num_per_tokens: int, round_sf: bool = False,
+                                                      without_transpose: bool = False,
+                                                      swiglu_clamp_value: float | None = None,
+                                                      flavor: str | Flavor = "ascend"):
+    """``swiglu_forward``'s activation of every row (no weights), rounded to bf16, quantized to E4M3
+    per ``(num_per_tokens, 1)`` block (one scale per channel and token block). Returns
+    ``(data, sf)``: data ``(H, T)`` (``(T, H)`` ``without_transpose``), fp32 sf ``(T / npt, H)``."""
+    y, _, _ = swiglu_forward(x, clamp_value=swiglu_clamp_value, flavor=flavor)
+    data, sf = cast(y.bfloat16(), "e4m3", (num_per_tokens, 1), round_sf=round_sf, flavor=flavor)
+    return (data if without_transpose else data.T.contiguous()), sf
