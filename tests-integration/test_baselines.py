@@ -25,6 +25,8 @@ VARIANTS = {
     "batched_transpose_weight_sf": [["block_size=128", "num_groups=3", "transpose_sf1=true"]],
     "moe_topk_gate": [["num_shared_experts=1", "bias=false"]],
     "swiglu_forward": [["fmt=fp32", "experts=0", "weights=false", "clamp=false"]],
+    "swiglu_forward_and_per_channel_cast_and_transpose": [["num_per_tokens=128", "round_sf=true",
+                                                            "without_transpose=true", "clamp=false"]],
     "swiglu_forward_and_per_token_cast": [["num_per_channels=128", "round_sf=true", "use_packed_ue8m0=true",
                                            "use_tma_aligned_col_major_sf=true"]],
     "moe_topk_gate_backward": [["num_sequences=0"]],

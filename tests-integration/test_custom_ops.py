@@ -43,7 +43,8 @@ class _Recorder(TorchDispatchMode):
 def _registry_call(name: str):
     op = OPS[name]
     options = {o.name: o.default for o in op.options}
-    shape = (128, 256) if name.startswith(("per_block", "per_channel", "batched_transpose")) else (12, 256)
+    shape = ((128, 256) if name.startswith(("per_block", "per_channel", "batched_transpose",
+                                            "swiglu_forward_and_per_channel")) else (12, 256))
     inputs = op.make_inputs(shape, options, 0)
     return lambda: op.run(inputs, options, "cpu", None)
 

@@ -29,6 +29,10 @@ from .per_token_cast_and_cast_back import per_token_cast_and_cast_back
 from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_parallel
 from .per_token_cast_parallel import per_token_cast_parallel
 from .swiglu_forward import swiglu_forward, swiglu_forward_and_per_token_cast
+from .swiglu_forward_and_per_channel_cast_and_transpose import swiglu_forward_and_per_channel_cast_and_transpose
+from .swiglu_forward_and_per_channel_cast_and_transpose_parallel import (
+    swiglu_forward_and_per_channel_cast_and_transpose_parallel,
+)
 from .swiglu_forward_parallel import swiglu_forward_and_per_token_cast_parallel, swiglu_forward_parallel
 
 __version__ = "0.1.0"
@@ -62,6 +66,8 @@ __all__ = [
     "set_token_alignment",
     "set_amax_clamp_for_quant",
     "swiglu_forward",
+    "swiglu_forward_and_per_channel_cast_and_transpose",
+    "swiglu_forward_and_per_channel_cast_and_transpose_parallel",
     "swiglu_forward_and_per_token_cast",
     "swiglu_forward_and_per_token_cast_parallel",
     "swiglu_forward_parallel",

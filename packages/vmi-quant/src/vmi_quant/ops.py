@@ -38,6 +38,9 @@ from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_
 from .per_token_cast_parallel import per_token_cast_source
 from .swiglu_forward import SWIGLU_FORWARD, SWIGLU_FORWARD_AND_PER_TOKEN_CAST
 from .swiglu_forward import make_spec as make_swiglu_spec
+from .swiglu_forward_and_per_channel_cast_and_transpose import SWIGLU_FORWARD_AND_PER_CHANNEL_CAST_AND_TRANSPOSE
+from .swiglu_forward_and_per_channel_cast_and_transpose import make_spec as make_swiglu_channel_spec
+from .swiglu_forward_and_per_channel_cast_and_transpose_parallel import swiglu_per_channel_source
 from .swiglu_forward_parallel import swiglu_forward_source
 
 _IN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -361,6 +364,28 @@ def _swiglu_source(options, target, flavor):
 
 _SWIGLU_BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168), (1, 7168), (16, 7168))
 
+SWIGLU_CHANNEL_OPTIONS = (
+    Option("num_per_tokens", 32, (32, 128), "tokens per scaling factor"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("without_transpose", False, help="data (T, H) instead of (H, T)"),
+    Option("clamp", True, help="swiglu_clamp_value 10.0"),
+)
+
+
+def _swiglu_channel_inputs(shape, options, seed):
+    return {"x": randn(shape, seed, torch.bfloat16)}
+
+
+def _swiglu_channel_arguments(inputs, options, flavor):
+    return {"fmt": "e4m3", "swiglu_clamp_value": SWIGLU_CLAMP if options["clamp"] else None}
+
+
+def _swiglu_channel_source(options, target, flavor):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    spec = make_swiglu_channel_spec(options["num_per_tokens"], options["round_sf"], not options["without_transpose"],
+                                    options["clamp"], flavor)
+    return swiglu_per_channel_source(spec, target)
+
 
 OPS = [
     kernel_op_entry(
@@ -500,5 +525,17 @@ OPS = [
         targets=_PARALLEL_TARGETS,
         make_inputs=_swiglu_inputs,
         source=_swiglu_source,
+    ),
+    kernel_op_entry(
+        SWIGLU_FORWARD_AND_PER_CHANNEL_CAST_AND_TRANSPOSE,
+        arguments=_swiglu_channel_arguments,
+        family="quant",
+        summary="SwiGLU rounded to bf16, per-channel E4M3 over 32 or 128 tokens, transposed (TileKernels v1)",
+        default_shape=(1024, 4096),
+        bench_shapes=_BLOCK_BENCH_SHAPES,
+        options=SWIGLU_CHANNEL_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_swiglu_channel_inputs,
+        source=_swiglu_channel_source,
     ),
 ]

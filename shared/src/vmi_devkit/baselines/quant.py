@@ -396,6 +396,25 @@ def swiglu_cast_baseline(op, options):
                     same_bits=False)
 
 
+def swiglu_channel_baseline(op, options):
+    npt, round_sf, transpose = options["num_per_tokens"], options["round_sf"], not options["without_transpose"]
+
+    def run(inputs, flavor, rows):
+        x = inputs["x"]
+        m = x.shape[0]
+        if m % npt:
+            raise ValueError(f"the baseline needs a number of rows that is a multiple of {npt}")
+        act = _swiglu(x, None, None, 10.0 if options["clamp"] else None).bfloat16().float()
+        hidden = act.shape[1]
+        values = act.view(m // npt, npt, hidden)
+        stored, _, mult = _scales(values.abs().amax(dim=1), "e4m3", round_sf, False)
+        data = (values * mult.unsqueeze(1)).view(m, hidden).to(torch.float8_e4m3fn)
+        return (data.T.contiguous() if transpose else data), stored
+    return Baseline(run, f"torch ops: F.silu(gate.float()) * up.float() (clamp), .bfloat16(), view (T/{npt}, {npt}, "
+                         "H), abs().amax(1), clamp, act * (Q / amax), .to(float8_e4m3fn), .T.contiguous()",
+                    same_bits=False, chunks=False)
+
+
 BASELINES = {
     "per_token_cast": per_token_cast_baseline,
     "per_token_cast_and_cast_back": round_trip_baseline,
@@ -407,4 +426,5 @@ BASELINES = {
     "batched_transpose_weight_sf": transpose_weight_sf_baseline,
     "swiglu_forward": swiglu_forward_baseline,
     "swiglu_forward_and_per_token_cast": swiglu_cast_baseline,
+    "swiglu_forward_and_per_channel_cast_and_transpose": swiglu_channel_baseline,
 }
