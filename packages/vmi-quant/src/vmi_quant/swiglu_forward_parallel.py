@@ -39,7 +39,6 @@ from vmi_core.tl.vector import decode
 
 from .kernel_common import KERNEL_DTYPE, ScaleRule, canonical_nan, encode, scale_from_amax
 
-FORMATS = ("fp32", "bf16", "e4m3")
 NUM_PER_CHANNELS = (32, 128)
 # Output channels per tile: whole E4M3 groups and packed SF words (both flavors), and few enough
 # tiles per row that the per-tile expert search stays cheap.
