@@ -27,6 +27,11 @@ VARIANTS = {
     "norm_forward_and_per_token_cast": [["use_residual=true", "round_sf=true", "use_packed_ue8m0=true",
                                          "use_tma_aligned_col_major_sf=true", "with_out_bf16=true"]],
     "moe_topk_gate": [["num_shared_experts=1", "bias=false"]],
+    "swiglu_forward": [["fmt=fp32", "experts=0", "weights=false", "clamp=false"]],
+    "swiglu_forward_and_per_channel_cast_and_transpose": [["num_per_tokens=128", "round_sf=true",
+                                                            "without_transpose=true", "clamp=false"]],
+    "swiglu_forward_and_per_token_cast": [["num_per_channels=128", "round_sf=true", "use_packed_ue8m0=true",
+                                           "use_tma_aligned_col_major_sf=true"]],
     "moe_topk_gate_backward": [["num_sequences=0"]],
 }
 CASES = [(name, options) for name in sorted(OPS) for options in [[], *VARIANTS.get(name, [])]]

@@ -43,7 +43,8 @@ class _Recorder(TorchDispatchMode):
 def _registry_call(name: str):
     op = OPS[name]
     options = {o.name: o.default for o in op.options}
-    shape = (128, 256) if name.startswith(("per_block", "per_channel", "batched_transpose")) else (12, 256)
+    shape = ((128, 256) if name.startswith(("per_block", "per_channel", "batched_transpose",
+                                            "swiglu_forward_and_per_channel")) else (12, 256))
     inputs = op.make_inputs(shape, options, 0)
     return lambda: op.run(inputs, options, "cpu", None)
 
@@ -115,6 +116,13 @@ VARIANTS = {
         X.view(2, 6, 256).float(), None, 1e-6, "e4m3", 32, use_tma_aligned_col_major_sf=True, round_sf=True,
         use_packed_ue8m0=True, with_out_bf16=True, out=(torch.empty(2, 6, 256, dtype=torch.float8_e4m3fn), None)),
     "norm_forward_and_per_token_cast-mega": _norm_cast_with_mega_moe_sf,
+    # The mutable clamped_count, the psum layout (one expert over every row: no padding rows, whose
+    # outputs are left unwritten) and a packed column-major SF.
+    "swiglu_forward-clamped_count": lambda: vmi_quant.swiglu_forward(
+        X, "bf16", torch.tensor([12], dtype=torch.int32), torch.rand(12), 2.5, 0.5, torch.zeros(4, dtype=torch.int64)),
+    "swiglu_forward_and_per_token_cast-clamped_count": lambda: vmi_quant.swiglu_forward_and_per_token_cast(
+        X, "e4m3", 32, torch.tensor([12], dtype=torch.int32), use_tma_aligned_col_major_sf=True, round_sf=True,
+        use_packed_ue8m0=True, clamp_value=0.5, clamped_count=torch.zeros(4, dtype=torch.int64)),
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,

@@ -34,6 +34,12 @@ from .per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_
 from .per_token_cast_parallel import per_token_cast_parallel
 from .swiglu_backward import swiglu_backward, swiglu_backward_and_per_token_cast
 from .swiglu_backward_parallel import swiglu_backward_and_per_token_cast_parallel, swiglu_backward_parallel
+from .swiglu_forward import swiglu_forward, swiglu_forward_and_per_token_cast
+from .swiglu_forward_and_per_channel_cast_and_transpose import swiglu_forward_and_per_channel_cast_and_transpose
+from .swiglu_forward_and_per_channel_cast_and_transpose_parallel import (
+    swiglu_forward_and_per_channel_cast_and_transpose_parallel,
+)
+from .swiglu_forward_parallel import swiglu_forward_and_per_token_cast_parallel, swiglu_forward_parallel
 
 __version__ = "0.1.0"
 
@@ -75,5 +81,11 @@ __all__ = [
     "swiglu_backward_and_per_token_cast",
     "swiglu_backward_and_per_token_cast_parallel",
     "swiglu_backward_parallel",
+    "swiglu_forward",
+    "swiglu_forward_and_per_channel_cast_and_transpose",
+    "swiglu_forward_and_per_channel_cast_and_transpose_parallel",
+    "swiglu_forward_and_per_token_cast",
+    "swiglu_forward_and_per_token_cast_parallel",
+    "swiglu_forward_parallel",
     "unpack_from_e2m1fn_x2",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from vmi_core.registry import Option, kernel_op_entry
-from vmi_core.sf_layout import SFLayout, align
+from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import flavor_argument, resolve_flavor
 from vmi_core.testing import compare_named, generator, randn
 
@@ -44,6 +44,12 @@ from .per_token_cast_parallel import per_token_cast_source
 from .swiglu_backward import SWIGLU_BACKWARD, SWIGLU_BACKWARD_AND_PER_TOKEN_CAST
 from .swiglu_backward import make_spec as make_swiglu_backward_spec
 from .swiglu_backward_parallel import swiglu_backward_source
+from .swiglu_forward import SWIGLU_FORWARD, SWIGLU_FORWARD_AND_PER_TOKEN_CAST
+from .swiglu_forward import make_spec as make_swiglu_spec
+from .swiglu_forward_and_per_channel_cast_and_transpose import SWIGLU_FORWARD_AND_PER_CHANNEL_CAST_AND_TRANSPOSE
+from .swiglu_forward_and_per_channel_cast_and_transpose import make_spec as make_swiglu_channel_spec
+from .swiglu_forward_and_per_channel_cast_and_transpose_parallel import swiglu_per_channel_source
+from .swiglu_forward_parallel import swiglu_forward_source
 
 _IN_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -248,56 +254,41 @@ SWIGLU_BACKWARD_CAST_OPTIONS = (
     *SWIGLU_BACKWARD_OPTIONS[1:],
 )
 _SWIGLU_EXPERTS = 8
-_SWIGLU_DEFAULT_SHAPE = (4096, 2048)
-# MoE expert rows at DeepSeek-V3/V4 intermediate sizes, and a decode-size call.
-_SWIGLU_BENCH_SHAPES = ((4096, 2048), (2048, 3584), (128, 2048))
+# Shapes of x, (N, 2H): MoE expert rows at DeepSeek-V3/V4 intermediate sizes (H 2048, 3584), and a
+# decode-size call.
+_SWIGLU_DEFAULT_SHAPE = (4096, 4096)
+_SWIGLU_BACKWARD_BENCH_SHAPES = ((4096, 4096), (2048, 7168), (128, 4096))
 
 
-def _swiglu_psum(num_tokens: int, seed: int) -> torch.Tensor:
-    """A psum layout of up to 8 experts over ``num_tokens`` rows: random expert sizes, each expert
-    starting at the token alignment (experts that no longer fit are left out)."""
-    alignment = get_token_alignment()
-    share = torch.rand(_SWIGLU_EXPERTS, generator=generator(seed))
-    counts = (share / share.sum() * num_tokens * 0.9).long().tolist()
-    ends, start = [], 0
-    for count in counts:
-        start = align(start, alignment)
-        if start + count > num_tokens:
-            break
-        ends.append(start + count)
-        start += count
-    return torch.tensor(ends or [0], dtype=torch.int32)
-
-
-def _swiglu_inputs(shape, options, seed, x_dtype=None):
-    tokens, hidden = shape
+def _swiglu_backward_inputs(shape, options, seed, x_dtype=None):
+    tokens, width = shape
     dtype = x_dtype or _IN_DTYPES[options["fmt"]]
-    inputs = {"x": randn((tokens, 2 * hidden), seed, dtype), "act_x_grad": randn((tokens, hidden), seed + 1, dtype)}
+    inputs = {"x": randn(shape, seed, dtype), "act_x_grad": randn((tokens, width // 2), seed + 1, dtype)}
     if options["weights"]:
         inputs["topk_weights"] = torch.rand(tokens, generator=generator(seed + 2))
     if options["psum"]:
-        inputs["psum_num_tokens_per_expert"] = _swiglu_psum(tokens, seed + 3)
+        inputs["psum_num_tokens_per_expert"] = _swiglu_psum(tokens, _SWIGLU_EXPERTS, seed + 3)
     return inputs
 
 
-def _swiglu_cast_inputs(shape, options, seed):
-    inputs = _swiglu_inputs(shape, options, seed, torch.bfloat16)
+def _swiglu_backward_cast_inputs(shape, options, seed):
+    inputs = _swiglu_backward_inputs(shape, options, seed, torch.bfloat16)
     inputs["x"], inputs["x_sf"] = reference.cast(inputs["x"], "e4m3", (1, options["num_per_channels"]))
     return inputs
 
 
-def _swiglu_arguments(inputs, options, flavor):
+def _swiglu_backward_arguments(inputs, options, flavor):
     return {"routed_scaling_factor": 2.5 if options["weights"] else None,
             "clamp_value": 10.0 if options["clamp"] else None}
 
 
-def _swiglu_cast_arguments(inputs, options, flavor):
-    return {"fmt": "e4m3", **_swiglu_arguments(inputs, options, flavor)}
+def _swiglu_backward_cast_arguments(inputs, options, flavor):
+    return {"fmt": "e4m3", **_swiglu_backward_arguments(inputs, options, flavor)}
 
 
-def _swiglu_spec(options, target, flavor, quantized: bool):
+def _swiglu_backward_spec(options, target, flavor, quantized: bool):
     flavor = resolve_flavor(target, flavor_argument(target, flavor))
-    hidden = _SWIGLU_DEFAULT_SHAPE[1]
+    hidden = _SWIGLU_DEFAULT_SHAPE[1] // 2
     flags = dict(weights=options["weights"], clamp=options["clamp"], recompute=options["do_recompute"],
                  psum=options["psum"])
     if not quantized:
@@ -469,6 +460,94 @@ def _norm_backward_source(options, target, flavor):
     return norm_backward_source(spec, target)
 
 
+# --- swiglu_forward / swiglu_forward_and_per_token_cast ---
+
+SWIGLU_OPTIONS = (
+    Option("in_dtype", "bf16", tuple(_IN_DTYPES), "input dtype of x (N, 2H)"),
+    Option("experts", 8, help="experts of the psum layout (0: no layout, every row valid)"),
+    Option("weights", True, help="per-row topk_weights with routed_scaling_factor 2.5"),
+    Option("clamp", True, help="clamp_value 10.0 (the SwiGLU limit)"),
+)
+SWIGLU_FORWARD_OPTIONS = (Option("fmt", "bf16", ("bf16", "fp32"), "output format"), *SWIGLU_OPTIONS)
+SWIGLU_CAST_OPTIONS = (
+    Option("num_per_channels", 32, (32, 128), "channels per scaling factor"),
+    *SWIGLU_OPTIONS,
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+)
+SWIGLU_CLAMP = 10.0
+SWIGLU_SCALING_FACTOR = 2.5
+
+
+def _swiglu_psum(num_rows: int, experts: int, seed: int) -> torch.Tensor:
+    """A psum layout of ``experts`` experts over every row: each expert's token count a multiple of
+    the token alignment (so no row is padding and every output element is defined), the rows not
+    a multiple of it in the last expert."""
+    alignment = get_token_alignment()
+    blocks = num_rows // alignment
+    cuts = torch.sort(torch.randint(0, blocks + 1, (experts - 1,), generator=generator(seed))).values
+    ends = torch.cat([cuts * alignment, torch.tensor([num_rows])])
+    return ends.to(torch.int32)
+
+
+def _swiglu_inputs(shape, options, seed):
+    num_rows = shape[0]
+    inputs = {"x": randn(shape, seed, _IN_DTYPES[options["in_dtype"]])}
+    if options["experts"]:
+        inputs["psum_num_tokens_per_expert"] = _swiglu_psum(num_rows, options["experts"], seed)
+    if options["weights"]:
+        inputs["topk_weights"] = torch.rand(num_rows, generator=generator(seed + 1))
+    return inputs
+
+
+def _swiglu_arguments(inputs, options, flavor):
+    return {"routed_scaling_factor": SWIGLU_SCALING_FACTOR if options["weights"] else None,
+            "clamp_value": SWIGLU_CLAMP if options["clamp"] else None}
+
+
+def _swiglu_cast_arguments(inputs, options, flavor):
+    return {"fmt": "e4m3", **_swiglu_arguments(inputs, options, flavor)}
+
+
+def _swiglu_source(options, target, flavor):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    fmt, npc, layout, round_sf = options.get("fmt", "e4m3"), None, None, False
+    if fmt == "e4m3":
+        npc, round_sf = options["num_per_channels"], options["round_sf"]
+        layout = SFLayout.of(flavor, packed=options["use_packed_ue8m0"],
+                             col_major=options["use_tma_aligned_col_major_sf"])
+    spec = make_swiglu_spec(options["in_dtype"], fmt, npc, layout, round_sf, with_psum=options["experts"] > 0,
+                            with_weights=options["weights"], with_scaling_factor=options["weights"],
+                            with_clamp=options["clamp"], flavor=flavor)
+    return swiglu_forward_source(spec, target)
+
+
+_SWIGLU_BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168), (1, 7168), (16, 7168))
+
+SWIGLU_CHANNEL_OPTIONS = (
+    Option("num_per_tokens", 32, (32, 128), "tokens per scaling factor"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("without_transpose", False, help="data (T, H) instead of (H, T)"),
+    Option("clamp", True, help="swiglu_clamp_value 10.0"),
+)
+
+
+def _swiglu_channel_inputs(shape, options, seed):
+    return {"x": randn(shape, seed, torch.bfloat16)}
+
+
+def _swiglu_channel_arguments(inputs, options, flavor):
+    return {"fmt": "e4m3", "swiglu_clamp_value": SWIGLU_CLAMP if options["clamp"] else None}
+
+
+def _swiglu_channel_source(options, target, flavor):
+    flavor = resolve_flavor(target, flavor_argument(target, flavor))
+    spec = make_swiglu_channel_spec(options["num_per_tokens"], options["round_sf"], not options["without_transpose"],
+                                    options["clamp"], flavor)
+    return swiglu_per_channel_source(spec, target)
+
+
 OPS = [
     kernel_op_entry(
         PER_TOKEN_CAST,
@@ -629,28 +708,64 @@ OPS = [
     ),
     kernel_op_entry(
         SWIGLU_BACKWARD,
-        arguments=_swiglu_arguments,
+        arguments=_swiglu_backward_arguments,
         family="quant",
         summary="SwiGLU backward (gradients of gate and up, weight gradient, recomputed activation) in bf16/fp32",
         default_shape=_SWIGLU_DEFAULT_SHAPE,
-        bench_shapes=_SWIGLU_BENCH_SHAPES,
+        bench_shapes=_SWIGLU_BACKWARD_BENCH_SHAPES,
         options=SWIGLU_BACKWARD_OPTIONS,
         targets=_PARALLEL_TARGETS,
-        make_inputs=_swiglu_inputs,
+        make_inputs=_swiglu_backward_inputs,
         source=lambda options, target, flavor: swiglu_backward_source(
-            _swiglu_spec(options, target, flavor, False), target),
+            _swiglu_backward_spec(options, target, flavor, False), target),
     ),
     kernel_op_entry(
         SWIGLU_BACKWARD_AND_PER_TOKEN_CAST,
-        arguments=_swiglu_cast_arguments,
+        arguments=_swiglu_backward_cast_arguments,
         family="quant",
         summary="SwiGLU backward of an E4M3 input, the gradient also quantized per token to E4M3 (2H wide)",
         default_shape=_SWIGLU_DEFAULT_SHAPE,
-        bench_shapes=_SWIGLU_BENCH_SHAPES,
+        bench_shapes=_SWIGLU_BACKWARD_BENCH_SHAPES,
         options=SWIGLU_BACKWARD_CAST_OPTIONS,
         targets=_PARALLEL_TARGETS,
-        make_inputs=_swiglu_cast_inputs,
+        make_inputs=_swiglu_backward_cast_inputs,
         source=lambda options, target, flavor: swiglu_backward_source(
-            _swiglu_spec(options, target, flavor, True), target),
+            _swiglu_backward_spec(options, target, flavor, True), target),
+    ),
+    kernel_op_entry(
+        SWIGLU_FORWARD,
+        arguments=_swiglu_arguments,
+        family="quant",
+        summary="SwiGLU of MoE expert rows (x = [gate | up], psum layout, row weights, clamp counters) to bf16/fp32",
+        default_shape=(1024, 4096),
+        bench_shapes=_SWIGLU_BENCH_SHAPES,
+        options=SWIGLU_FORWARD_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_swiglu_inputs,
+        source=_swiglu_source,
+    ),
+    kernel_op_entry(
+        SWIGLU_FORWARD_AND_PER_TOKEN_CAST,
+        arguments=_swiglu_cast_arguments,
+        family="quant",
+        summary="SwiGLU of MoE expert rows quantized to E4M3 per token (groups of 32 or 128 channels)",
+        default_shape=(1024, 4096),
+        bench_shapes=_SWIGLU_BENCH_SHAPES,
+        options=SWIGLU_CAST_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_swiglu_inputs,
+        source=_swiglu_source,
+    ),
+    kernel_op_entry(
+        SWIGLU_FORWARD_AND_PER_CHANNEL_CAST_AND_TRANSPOSE,
+        arguments=_swiglu_channel_arguments,
+        family="quant",
+        summary="SwiGLU rounded to bf16, per-channel E4M3 over 32 or 128 tokens, transposed (TileKernels v1)",
+        default_shape=(1024, 4096),
+        bench_shapes=_BLOCK_BENCH_SHAPES,
+        options=SWIGLU_CHANNEL_OPTIONS,
+        targets=_PARALLEL_TARGETS,
+        make_inputs=_swiglu_channel_inputs,
+        source=_swiglu_channel_source,
     ),
 ]

@@ -490,6 +490,70 @@ def norm_forward_cast_baseline(op, options):
                          "abs().amax(-1), clamp, u * (Q / amax), .to(float8_e4m3fn)", same_bits=False)
 
 
+# --- swiglu_forward / swiglu_forward_and_per_token_cast ---
+
+def _swiglu(x: torch.Tensor, topk_weights, routed_scaling_factor, clamp_value) -> torch.Tensor:
+    hidden = x.shape[1] // 2
+    gate, up = x[:, :hidden].float(), x[:, hidden:].float()
+    if clamp_value is not None:
+        gate = gate.clamp(max=clamp_value)
+        up = up.clamp(-clamp_value, clamp_value)
+    y = torch.nn.functional.silu(gate) * up
+    if topk_weights is not None:
+        weights = topk_weights * routed_scaling_factor if routed_scaling_factor is not None else topk_weights
+        y = y * weights[:, None]
+    return y
+
+
+def _swiglu_chunk(inputs, options, a, b):
+    weights = inputs.get("topk_weights")
+    return _swiglu(inputs["x"][a:b], None if weights is None else weights[a:b],
+                   2.5 if options["weights"] else None, 10.0 if options["clamp"] else None)
+
+
+def swiglu_forward_baseline(op, options):
+    dtype = torch.bfloat16 if options["fmt"] == "bf16" else torch.float32
+
+    def run(inputs, flavor, rows):
+        return (in_row_chunks(lambda a, b: _swiglu_chunk(inputs, options, a, b).to(dtype), inputs["x"].shape[0], rows),)
+    # torch's silu (float32 exp, x * sigmoid(x)) is not the op's correctly rounded quotient.
+    return Baseline(run, "torch ops: F.silu(gate.float()) * up.float() (clamp, * weights), .to(fmt); every row",
+                    same_bits=False)
+
+
+def swiglu_cast_baseline(op, options):
+    npc, round_sf = options["num_per_channels"], options["round_sf"]
+    packed, col = options["use_packed_ue8m0"], options["use_tma_aligned_col_major_sf"]
+
+    def run(inputs, flavor, rows):
+        def chunk(a, b):
+            return _block_quant(_swiglu_chunk(inputs, options, a, b), "e4m3", 1, npc, round_sf, False)[:2]
+        data, stored = in_row_chunks(chunk, inputs["x"].shape[0], rows)
+        return data, _layout(stored, packed, col, flavor)
+    return Baseline(run, f"torch ops: F.silu(gate.float()) * up.float() (clamp, * weights), view (rows, groups, "
+                         f"{npc}), abs().amax(-1), clamp, y * (Q / amax), .to(float8_e4m3fn); every row",
+                    same_bits=False)
+
+
+def swiglu_channel_baseline(op, options):
+    npt, round_sf, transpose = options["num_per_tokens"], options["round_sf"], not options["without_transpose"]
+
+    def run(inputs, flavor, rows):
+        x = inputs["x"]
+        m = x.shape[0]
+        if m % npt:
+            raise ValueError(f"the baseline needs a number of rows that is a multiple of {npt}")
+        act = _swiglu(x, None, None, 10.0 if options["clamp"] else None).bfloat16().float()
+        hidden = act.shape[1]
+        values = act.view(m // npt, npt, hidden)
+        stored, _, mult = _scales(values.abs().amax(dim=1), "e4m3", round_sf, False)
+        data = (values * mult.unsqueeze(1)).view(m, hidden).to(torch.float8_e4m3fn)
+        return (data.T.contiguous() if transpose else data), stored
+    return Baseline(run, f"torch ops: F.silu(gate.float()) * up.float() (clamp), .bfloat16(), view (T/{npt}, {npt}, "
+                         "H), abs().amax(1), clamp, act * (Q / amax), .to(float8_e4m3fn), .T.contiguous()",
+                    same_bits=False, chunks=False)
+
+
 BASELINES = {
     "per_token_cast": per_token_cast_baseline,
     "per_token_cast_and_cast_back": round_trip_baseline,
@@ -504,4 +568,7 @@ BASELINES = {
     "swiglu_backward_and_per_token_cast": swiglu_backward_and_per_token_cast_baseline,
     "norm_forward": norm_forward_baseline,
     "norm_forward_and_per_token_cast": norm_forward_cast_baseline,
+    "swiglu_forward": swiglu_forward_baseline,
+    "swiglu_forward_and_per_token_cast": swiglu_cast_baseline,
+    "swiglu_forward_and_per_channel_cast_and_transpose": swiglu_channel_baseline,
 }
