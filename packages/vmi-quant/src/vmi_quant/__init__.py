@@ -1,5 +1,6 @@
 """vmi-quant: FP8/FP4 quantization ops as parallel-style TileLang kernels, with PyTorch references."""
 
+from .autograd import NormCastOptions, RMSNormFunction, SwiGLUFunction
 from .batched_transpose_weight_sf import batched_transpose_weight_sf
 from .batched_transpose_weight_sf_parallel import batched_transpose_weight_sf_parallel
 from .cast import cast
@@ -44,6 +45,9 @@ from .swiglu_forward_parallel import swiglu_forward_and_per_token_cast_parallel,
 __version__ = "0.1.0"
 
 __all__ = [
+    "NormCastOptions",
+    "RMSNormFunction",
+    "SwiGLUFunction",
     "batched_transpose_weight_sf",
     "batched_transpose_weight_sf_parallel",
     "cast",
