@@ -152,9 +152,44 @@ def _check_case(case, shapes=SHAPES, *, target="cpu", offset=0):
             assert counter.tolist() == (torch.tensor(COUNTER_START) + counts).tolist(), label
 
 
+def _check_entry_points(case):
+    """The torch target, the Python function's plain form and the ``_parallel`` entries against the
+    reference, with the kernel of ``case`` (COVERING[0]: bf16 output, [1]: E4M3)."""
+    x = _values((16, 128), 7, torch.bfloat16)
+    psum = _psum(16, 7)
+    topk = randn((16,), 8)
+    if case[1] == "bf16":
+        y, valid, _ = reference.swiglu_forward(x, psum, topk, RSF, 0.5, ALIGNMENT, "ascend")
+        args = (x, "bf16", psum, topk, RSF, 0.5)
+        for out in (swiglu_forward(*args, torch.zeros(4, dtype=torch.int64), target="torch"),
+                    swiglu_forward_parallel(*args, torch.zeros(4, dtype=torch.int64))):
+            assert_bitwise_equal(out[valid], y[valid].bfloat16(), "bf16 out")
+        # fmt bf16/fp32 with num_per_channels None: the plain SwiGLU, one tensor (as TileKernels).
+        plain = swiglu_forward_and_per_token_cast(x, "bf16", None, psum, topk, RSF, clamp_value=0.5,
+                                                  clamped_count=torch.zeros(4, dtype=torch.int64))
+        assert_bitwise_equal(plain[valid], y[valid].bfloat16(), "plain out")
+        with pytest.raises(ValueError, match="target 'torch'"):
+            swiglu_forward_parallel(x, "fp32", target="torch")
+        return
+    (data, sf), valid, _ = reference.swiglu_forward_and_per_token_cast(x, 32, psum, topk, RSF, True, True, True,
+                                                                        0.5, ALIGNMENT)
+    options = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True, clamp_value=0.5)
+    for target, run in (("torch", swiglu_forward_and_per_token_cast),
+                        (None, swiglu_forward_and_per_token_cast_parallel)):
+        got = run(x, "e4m3", 32, psum, topk, RSF, clamped_count=torch.zeros(4, dtype=torch.int64), target=target,
+                  **options)
+        assert_bitwise_equal(got[0][valid], data[valid], "data")
+        assert_bitwise_equal(got[1][valid], sf[valid], "sf")
+    with pytest.raises(ValueError, match="target 'torch'"):
+        swiglu_forward_and_per_token_cast_parallel(x, "e4m3", 32, target="torch")
+
+
 @pytest.mark.parametrize("case", COVERING, ids=case_id)
 def test_matches_reference(case):
     _check_case(case)
+    if case in COVERING[:2]:
+        # In the same test, so the entry points reuse the kernel this worker just compiled.
+        _check_entry_points(case)
 
 
 @pytest.mark.slow
@@ -252,32 +287,3 @@ def test_no_rows_launch_nothing(monkeypatch):
     assert data.shape == (0, 128) and data.dtype == torch.float8_e4m3fn
     assert sf.shape == (0, 1) and sf.dtype == torch.int32
     assert counter.tolist() == [1, 2, 3, 4]
-
-
-def test_torch_target_and_parallel_entry_points():
-    # The kernels of COVERING[0] and [1].
-    x = _values((16, 128), 7, torch.bfloat16)
-    psum = _psum(16, 7)
-    topk = randn((16,), 8)
-    y, valid, _ = reference.swiglu_forward(x, psum, topk, RSF, 0.5, ALIGNMENT, "ascend")
-    args = (x, "bf16", psum, topk, RSF, 0.5)
-    for out in (swiglu_forward(*args, torch.zeros(4, dtype=torch.int64), target="torch"),
-                swiglu_forward_parallel(*args, torch.zeros(4, dtype=torch.int64))):
-        assert_bitwise_equal(out[valid], y[valid].bfloat16(), "bf16 out")
-    # fmt bf16/fp32 with num_per_channels None: the plain SwiGLU, one tensor (as TileKernels).
-    plain = swiglu_forward_and_per_token_cast(x, "bf16", None, psum, topk, RSF, clamp_value=0.5,
-                                              clamped_count=torch.zeros(4, dtype=torch.int64))
-    assert_bitwise_equal(plain[valid], y[valid].bfloat16(), "plain out")
-    (data, sf), valid, _ = reference.swiglu_forward_and_per_token_cast(x, 32, psum, topk, RSF, True, True, True,
-                                                                        0.5, ALIGNMENT)
-    options = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True, clamp_value=0.5)
-    for target, run in (("torch", swiglu_forward_and_per_token_cast),
-                        (None, swiglu_forward_and_per_token_cast_parallel)):
-        got = run(x, "e4m3", 32, psum, topk, RSF, clamped_count=torch.zeros(4, dtype=torch.int64), target=target,
-                  **options)
-        assert_bitwise_equal(got[0][valid], data[valid], "data")
-        assert_bitwise_equal(got[1][valid], sf[valid], "sf")
-    with pytest.raises(ValueError, match="target 'torch'"):
-        swiglu_forward_parallel(x, "fp32", target="torch")
-    with pytest.raises(ValueError, match="target 'torch'"):
-        swiglu_forward_and_per_token_cast_parallel(x, "e4m3", 32, target="torch")
