@@ -97,7 +97,14 @@ MUTATIONS = {
 }
 
 
-@pytest.mark.parametrize("mutation", MUTATIONS)
+# One mutation of each kind by default (a sync, a burst length, a tile bound, a barrier); each builds a
+# simulator (seconds), so the others run in the slow run.
+DEFAULT_MUTATIONS = ("drop the wait before reusing a buffer", "load burst one element long",
+                     "read one element past a tile row", "SIMT barrier under a thread guard")
+
+
+@pytest.mark.parametrize("mutation", [pytest.param(m, marks=[] if m in DEFAULT_MUTATIONS else [pytest.mark.slow])
+                                      for m in MUTATIONS])
 def test_negative_controls_are_reported(mutation):
     source = row_scale_artifact(BLOCK_M).kernel_source
     broken = MUTATIONS[mutation](source)

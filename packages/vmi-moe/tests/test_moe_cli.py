@@ -52,7 +52,8 @@ def test_bench_prints_ratios(capsys):
     assert "256x72" in out and "MISMATCH" not in out
 
 
-@pytest.mark.parametrize("op", OPS)
+# Lowering for Ascend is the lowering tests' subject: one op here, the others in the slow run.
+@pytest.mark.parametrize("op", [op if i == 0 else pytest.param(op, marks=pytest.mark.slow) for i, op in enumerate(OPS)])
 def test_source_for_ascend(capsys, op: str):
     assert main(["source", op, "--target", "ascend"]) == 0
     # A vector region: SIMT (launched with asc_vf_call) or SIMD (explicit vector instructions).
