@@ -9,7 +9,8 @@ fixed lane order ``vmi_core.sums.lane_sum_fused``. Where the flavors differ:
   product and the sum separately, ``f32(1 + f32(a' · f32(1 - s)))``.
 * the two divisions ``s = 1 / den`` and ``a' / den``: ``cuda`` divides in IEEE fp32; ``ascend``
   models the vector unit's division, which flushes subnormal operands and quotients to zero
-  (sign kept). Only ``a' < -87.3`` (a subnormal ``s``) or a subnormal gate value differ.
+  (sign kept). Only ``a' < -87.3`` (a subnormal ``s``) or a subnormal gate value differ. The clamp,
+  the divisions and the row weights are the forward reference's (``reference.swiglu_forward``).
 
 Rows that are not valid (psum padding, see ``vmi_quant.inputs.expert_rows``) are written as +0
 (x_grad, act_out, weight_grad), FP8 data 0 and SF 0, whatever they hold.
@@ -25,19 +26,7 @@ from vmi_core.sums import lane_sum_fused
 from vmi_core.targets import Flavor, get_flavor
 
 from .cast import cast
-
-_MIN_NORMAL = 2.0**-126
-
-
-def _flush(t: torch.Tensor) -> torch.Tensor:
-    """Subnormal values as zeros of their sign (the Ascend division unit's inputs and results)."""
-    return torch.where(t.abs() < _MIN_NORMAL, torch.zeros_like(t).copysign(t), t)
-
-
-def _divide(num: torch.Tensor, den: torch.Tensor, flavor: Flavor) -> torch.Tensor:
-    if flavor.name == "ascend":
-        return _flush(_flush(num) / _flush(den))
-    return num / den
+from .swiglu_forward import clamp_gate_up, divide, row_weights
 
 
 def dequantize_halves(x, num_per_channels: int | None):
@@ -63,25 +52,22 @@ def swiglu_backward(a: torch.Tensor, b: torch.Tensor, act_x_grad: torch.Tensor, 
     """
     flavor = get_flavor(flavor)
     g = act_x_grad.float()
+    a_c, b_c = clamp_gate_up(a, b, clamp_value)
     if clamp_value is not None:
         c = torch.tensor(clamp_value, dtype=torch.float32)
-        a_c, b_c = torch.minimum(a, c), torch.minimum(torch.maximum(b, -c), c)
         clamped_a, clamped_b = a > c, (b > c) | (b < -c)
     else:
-        a_c, b_c = a, b
         clamped_a = clamped_b = torch.zeros_like(a, dtype=torch.bool)
     one = torch.ones_like(a)
     den = one + exp(-a_c)
-    s = _divide(one, den, flavor)
-    act = _divide(a_c, den, flavor) * b_c
+    s = divide(one, den, flavor)
+    act = divide(a_c, den, flavor) * b_c
     row_valid = valid[:, None]
-    if topk_weights is None:
+    weights = row_weights(topk_weights, routed_scaling_factor)
+    if weights is None:
         w = row_valid.float()
     else:
-        w = topk_weights.float()
-        if routed_scaling_factor is not None:
-            w = w * torch.tensor(routed_scaling_factor, dtype=torch.float32)
-        w = torch.where(valid, w, torch.zeros_like(w))[:, None]
+        w = torch.where(valid, weights.float(), torch.zeros_like(weights.float()))[:, None]
     gws = (g * w) * s
     one_minus_s = one - s
     if flavor.name == "cuda":
