@@ -116,6 +116,8 @@ def test_rmsnorm_function_gives_torch_autograd_gradients(dtype):
     r_rounded = r + (r.to(dtype).double() - r).detach()  # the forward rounds the sum to x's dtype
     out64 = r_rounded * torch.rsqrt((r_rounded**2).mean(-1, keepdim=True) + EPS) * leaves[1] * 0.3
     torch.autograd.backward((out64, r), (out_grad.double(), residual_grad.double()))
+    # The kernels round every step to fp32 (and the outputs to bf16): fp32 error of H-term sums, or
+    # bf16's half-ulp 2^-9 on the gradients, against the float64 derivative.
     tol = {"rtol": 2e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     for got, want in zip((x.grad, weight.grad, residual.grad), (t.grad for t in leaves), strict=True):
         torch.testing.assert_close(got.double(), want, **tol)
@@ -171,6 +173,7 @@ def test_swiglu_function_gives_torch_autograd_gradients():
         a_c, b_c = a.clamp(max=0.8), b.clamp(-0.8, 0.8)
         out64 = a_c * torch.sigmoid(a_c) * b_c * (w64 * 2.5)[:, None]
         (out64 * out_grad.double() * valid[:, None]).sum().backward()
+        # fp32 rounding of each step (and of the weight gradient's H-term sum) against float64.
         torch.testing.assert_close(x.grad.double(), x64.grad, rtol=2e-5, atol=1e-5)
         torch.testing.assert_close(topk_weights.grad.double(), w64.grad, rtol=2e-5, atol=1e-5)
         assert not x.grad[~valid].any() and not topk_weights.grad[~valid].any()
