@@ -1,0 +1,23 @@
+"""Validation of the mHC ops' arguments (the generic checks are vmi_core.checks).
+
+Everything here runs before any kernel: bad input raises ``TypeError`` (wrong type or dtype)
+or ``ValueError`` (wrong shape, stride, device, size or option) naming the argument, and no
+output is written.
+"""
+
+from __future__ import annotations
+
+MHC_MULT = 4
+"""The stream count ``n`` the 4x4-specialised kernels (Sinkhorn, split, big fuse) are built for."""
+
+
+def mix_width(mhc_mult: int) -> int:
+    """Length ``n * (n + 2)`` of the per-token mix vector: n pre, n post and n*n comb entries."""
+    return mhc_mult * (mhc_mult + 2)
+
+
+def check_mhc_mult(mhc_mult: int, name: str, op: str) -> int:
+    """``mhc_mult`` when it is the 4 streams ``op``'s kernel is specialised on (spec §6.5)."""
+    if mhc_mult != MHC_MULT:
+        raise ValueError(f"{op}: {name} must be {MHC_MULT} (the kernel is specialised on 4 streams), got {mhc_mult}")
+    return mhc_mult

@@ -1,0 +1,1 @@
+"""PyTorch reference (oracle) of the mHC ops."""
