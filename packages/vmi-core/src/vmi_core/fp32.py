@@ -1,5 +1,6 @@
 """Single fp32 operations in torch with the rounding a kernel gives them: the torch twins of
-``vmi_core.tl.simd.fma`` and ``vmi_core.tl.simd.exp``.
+``vmi_core.tl.simd.fma`` and ``vmi_core.tl.simd.exp``, and the subnormal flush of the Ascend
+vector division (twin of ``vmi_core.tl.formats.flush_subnormal``).
 
 torch has no fused multiply-add, and its float32 ``exp`` is not correctly rounded (within an ulp),
 so neither can serve as the oracle of a kernel that is bit-exact. Both are computed in float64:
@@ -18,6 +19,12 @@ so neither can serve as the oracle of a kernel that is bit-exact. Both are compu
 from __future__ import annotations
 
 import torch
+
+from .formats import f32_bits, f32_from_bits
+from .targets import Flavor, get_flavor
+
+_SIGN = -0x80000000  # bit 31 as an int32 mask
+_MIN_NORMAL_BITS = 0x00800000
 
 
 def round_held(x: torch.Tensor) -> torch.Tensor:
@@ -64,3 +71,16 @@ def exp(x: torch.Tensor) -> torch.Tensor:
     """
     _check_f32("x", x)
     return torch.exp(x.double()).to(torch.float32)
+
+
+def division_flushes_subnormals(flavor: str | Flavor) -> bool:
+    """Whether the flavor's fp32 division flushes subnormal operands and results to signed zero
+    (the Ascend vector division unit does; CUDA divides as IEEE 754 says)."""
+    return get_flavor(flavor).name == "ascend"
+
+
+def flush_subnormal(t: torch.Tensor) -> torch.Tensor:
+    """fp32 ``t`` with every subnormal value replaced by the zero of its sign."""
+    bits = f32_bits(t)
+    subnormal = (bits & 0x7FFFFFFF) < _MIN_NORMAL_BITS
+    return f32_from_bits(torch.where(subnormal, bits & _SIGN, bits))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint, check_float, check_int_choice, check_tensor
+from vmi_core.fp32 import division_flushes_subnormals
 from vmi_core.library import KernelOp, Param
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
@@ -54,7 +55,7 @@ def make_spec(in_fmt: str, fmt: str, num_per_channels: int | None = None, sf_lay
         rule = ScaleRule("e4m3", get_amax_clamp_for_quant("e4m3", False), round_sf=round_sf, stored=sf_layout.kind)
     return parallel.SwigluForwardSpec(in_fmt, fmt, num_per_channels, rule, sf_layout, with_psum, with_weights,
                                       with_scaling_factor, with_clamp, count_clamped,
-                                      reference.division_flushes_subnormals(flavor))
+                                      division_flushes_subnormals(flavor))
 
 
 def _check_x(x) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_bool, check_float, check_int_choice
+from vmi_core.fp32 import division_flushes_subnormals
 from vmi_core.library import KernelOp, Param
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
@@ -41,7 +42,7 @@ def make_spec(num_per_tokens: int, round_sf: bool, transpose: bool, with_clamp: 
     """The kernel specialisation of validated arguments (the amax clamp is read now)."""
     rule = ScaleRule("e4m3", get_amax_clamp_for_quant("e4m3", False), round_sf=round_sf)
     return parallel.SwigluPerChannelSpec(num_per_tokens, rule, transpose, with_clamp,
-                                         reference.division_flushes_subnormals(flavor))
+                                         division_flushes_subnormals(flavor))
 
 
 def _prepare(x, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value, target, flavor):

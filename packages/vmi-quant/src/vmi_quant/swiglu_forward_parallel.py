@@ -48,7 +48,6 @@ HIDDEN_ALIGN = 64
 # Clamp counters: gate above the clamp, up above it, up below its negative, elements of valid rows.
 NUM_COUNTERS = 4
 _OUT_DTYPE = {"fp32": "float32", "bf16": "uint16", "e4m3": "uint8"}
-_SUBNORMAL_LIMIT = 0x00800000
 
 
 @dataclass(frozen=True)
@@ -73,13 +72,6 @@ class SwigluForwardSpec:
     flush_division: bool = False
 
 
-def _flush_subnormal(x):
-    """``x`` with a subnormal value replaced by the zero of its sign."""
-    bits = keep(F.f32_bits(x))
-    return F.f32_from_bits(select((bits & F.u32(0x7FFFFFFF)) < F.u32(_SUBNORMAL_LIMIT),
-                                  bits & F.u32(0x80000000), bits))
-
-
 def clamp_gate_up(a, b, clamp):
     """``(min(a, c), clamp(b, -c, c))`` of fp32 lane values; comparisons keep a NaN as it is (a NaN
     is above nothing and below nothing)."""
@@ -92,7 +84,7 @@ def silu_quotient(a, flush_division: bool, in_simd: bool):
     Ascend vector division does by itself (``in_simd``) and scalar code models."""
     denominator = 1.0 + exp(-a)
     if flush_division and not in_simd:
-        return _flush_subnormal(_flush_subnormal(a) / denominator)
+        return F.flush_subnormal(F.flush_subnormal(a) / denominator)
     return a / denominator
 
 

@@ -27,7 +27,9 @@ E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 
 _F32_ABS = 0x7FFFFFFF
+_F32_SIGN = 0x80000000
 _F32_INF = 0x7F800000
+_F32_MIN_NORMAL_BITS = 0x00800000
 _E4M3_MAX_BITS = 0x43E00000  # 448.0
 _E4M3_MIN_NORMAL_BITS = 0x3C800000  # 2^-6
 _E2M1_ONE_BITS = 0x3F800000  # 1.0, the smallest normal E2M1 magnitude
@@ -66,6 +68,13 @@ def f32_from_bits(bits):
 def abs_bits(x):
     """``|x|`` as an fp32 bit pattern (orders like |x| for non-NaN values)."""
     return bitcast(x, "uint32") & u32(_F32_ABS)
+
+
+def flush_subnormal(x):
+    """fp32 ``x`` with a subnormal value replaced by the zero of its sign (as the Ascend vector
+    division treats its operands and result); the torch twin is ``vmi_core.fp32.flush_subnormal``."""
+    bits = keep(f32_bits(x))
+    return f32_from_bits(select((bits & u32(_F32_ABS)) < u32(_F32_MIN_NORMAL_BITS), bits & u32(_F32_SIGN), bits))
 
 
 def flag(cond):

@@ -9,27 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from vmi_core.formats import f32_bits, f32_from_bits
-from vmi_core.fp32 import exp
-from vmi_core.targets import Flavor, get_flavor
+from vmi_core.fp32 import division_flushes_subnormals, exp, flush_subnormal
+from vmi_core.targets import Flavor
 from vmi_quant.inputs import expert_rows
 from vmi_quant.reference.cast import canonical_nan, cast
-
-_SIGN = -0x80000000  # bit 31 as an int32 mask
-_MIN_NORMAL_BITS = 0x00800000
-
-
-def division_flushes_subnormals(flavor: str | Flavor) -> bool:
-    """Whether the flavor's fp32 division flushes subnormal operands and results to signed zero
-    (the Ascend vector division unit does; CUDA divides as IEEE 754 says)."""
-    return get_flavor(flavor).name == "ascend"
-
-
-def flush_subnormal(t: torch.Tensor) -> torch.Tensor:
-    """fp32 ``t`` with every subnormal value replaced by the zero of its sign."""
-    bits = f32_bits(t)
-    subnormal = (bits & 0x7FFFFFFF) < _MIN_NORMAL_BITS
-    return f32_from_bits(torch.where(subnormal, bits & _SIGN, bits))
 
 
 def divide(numerator: torch.Tensor, denominator: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
