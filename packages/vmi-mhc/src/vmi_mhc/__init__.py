@@ -5,4 +5,14 @@ and checked against a PyTorch reference. The ops are being added; this release
 provides the package and its version only.
 """
 
+from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
+from .pre_split_mixes_parallel import mhc_pre_split_mixes_bwd_parallel, mhc_pre_split_mixes_fwd_parallel
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "mhc_pre_split_mixes_bwd",
+    "mhc_pre_split_mixes_bwd_parallel",
+    "mhc_pre_split_mixes_fwd",
+    "mhc_pre_split_mixes_fwd_parallel",
+]

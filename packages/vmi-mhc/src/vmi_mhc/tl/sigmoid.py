@@ -1,0 +1,32 @@
+"""The mHC sigmoid ``σ(z) = 1 / (exp(-z) + 1)`` of fp32 lane values (spec §5.1).
+
+Used for the pre and post mixes (``pre_split_mixes``) and, bit for bit, by the ops that fuse or
+repeat them (``head_compute_mix``, ``pre_big_fuse``). CUDA writes ``1 / (1 + exp(-z))`` and Ascend
+``1 / (exp(0 - z) + 1)``: the same bits given the same exp (``0 - z`` and ``-z`` differ only for
+``z = +0``, where exp gives 1 either way; the addition commutes). The exp is the correctly
+rounded one of ``vmi_core.tl.simd.exp`` (torch twin ``vmi_core.fp32.exp``); its subnormal results
+(``z > 87``) vanish in ``+ 1`` on every target, so the vector form's flush does not show.
+
+The division is the flavor's: IEEE on the ``cuda`` flavor; on the ``ascend`` flavor subnormal
+results are flushed to the zero of their sign (``z < -87.3``), as the Ascend vector division
+does by itself in SIMD regions and scalar code models (the operands, 1 and a value >= 1, are
+never subnormal). The torch twin is ``vmi_mhc.reference.pre_split_mixes.sigmoid``.
+"""
+
+from __future__ import annotations
+
+from vmi_core.tl.formats import flush_subnormal
+from vmi_core.tl.simd import exp, keep
+
+
+def sigmoid(z, flush_division: bool, in_simd: bool):
+    """``fl(1 / fl(exp(-z) + 1))`` of an fp32 lane value ``z`` (a scalar expression or a ``Vec``).
+
+    ``flush_division``: the ``ascend`` flavor's division (subnormal quotients flushed), applied
+    explicitly outside SIMD regions (``in_simd`` False) and by the vector division inside them.
+    """
+    denominator = keep(exp(-z) + 1.0)
+    quotient = 1.0 / denominator
+    if flush_division and not in_simd:
+        return flush_subnormal(quotient)
+    return quotient
