@@ -56,7 +56,7 @@ def pre_split_mixes_fwd(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_
     n = mhc_mult
     pre = sigmoid(z[:, :n], flavor) + torch.tensor(mhc_pre_eps, dtype=torch.float32)
     post = sigmoid(z[:, n:2 * n], flavor) * torch.tensor(mhc_post_mult_value, dtype=torch.float32)
-    return pre, post, z[:, 2 * n:].clone()
+    return pre, post, z[:, 2 * n:].clone(memory_format=torch.contiguous_format)
 
 
 def _divide(numerator: torch.Tensor, denominator: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
