@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from vmi_core.checks import check_disjoint, check_float, check_kernel_extent, check_tensor
@@ -84,7 +83,7 @@ def _check_mix(t, name: str, num_tokens: int, width: int, device) -> None:
 def _fp32_value(value, name: str) -> float:
     """A real number that is finite as fp32 (the kernels take it as an fp32 scalar)."""
     value = check_float(value, name, finite=True)
-    as_fp32 = float(np.float32(value))
+    as_fp32 = float(torch.tensor(value, dtype=torch.float32))
     if not abs(as_fp32) < float("inf"):
         raise ValueError(f"{name} must be finite as fp32, got {value}")
     return as_fp32
