@@ -1,0 +1,77 @@
+"""pre_split_mixes' three kernels lower for ascend and cuda.
+
+Ascend: persistent token tiles over the 64 cores (``block_idx``, a wave loop over the tiles). The
+forward loads the mixes by DMA (and the biases once per core) and stores the three mixes by DMA; the
+backward loads the mixes, the three output gradients and the saved post mix (and the biases) and
+stores the mix gradient and the tile's partial row; both compute in one SIMD region of real vector
+code (no scalar UB access, no SIMT region, no barrier inside a thread-guarded branch). The
+reduction loads workspace chunks by DMA and runs in SIMT regions (one lane per column: fewer
+columns than a register; single-element stores of the two gradients). CUDA: the sources compile
+with nvcc for an explicit arch.
+
+The default specs are the ones test_pre_split_mixes runs on ascend-sim (their lowering is shared).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vmi_core.ascend_sim import UB_BYTES
+from vmi_core.compile import lower_ascend
+from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_mhc.pre_split_mixes_parallel import (
+    KERNEL_CONFIG,
+    PreSplitMixesSpec,
+    build_pre_split_mixes_bwd,
+    pre_split_mixes_bwd_reduce_source,
+    pre_split_mixes_bwd_source,
+    pre_split_mixes_fwd_source,
+)
+
+ASCEND = PreSplitMixesSpec("ascend")
+CUDA = PreSplitMixesSpec("cuda")
+
+
+def test_ascend_forward_kernel():
+    src = pre_split_mixes_fwd_source(ASCEND, "ascend")
+    assert "__global__ __vector__ void pre_split_mixes_fwd_kernel" in src
+    assert "block_idx" in src
+    assert_vector_regions(src, simd=1, simt=0)
+    # In: the biases, the mixes. Out: pre, post, comb.
+    assert dma_counts(src) == (2, 3)
+    # The sigmoid's exp and division are vector instructions.
+    assert "vexp" in src and "vdiv" in src
+
+
+def test_ascend_backward_kernels():
+    src = pre_split_mixes_bwd_source(ASCEND, "ascend")
+    assert "__global__ __vector__ void pre_split_mixes_bwd_kernel" in src
+    assert "block_idx" in src
+    assert_vector_regions(src, simd=1, simt=0)
+    # In: the biases, the mixes, three gradients, the post mix. Out: the mix gradient, the partial row.
+    assert dma_counts(src) == (6, 2)
+    assert "vexp" in src and "vdiv" in src
+    lowering = lower_ascend(build_pre_split_mixes_bwd(ASCEND, "ascend"), "ascend", **KERNEL_CONFIG)
+    assert lowering.ub_bytes <= UB_BYTES
+    src = pre_split_mixes_bwd_reduce_source("ascend")
+    assert "__global__ __vector__ void pre_split_mixes_bwd_reduce_kernel" in src
+    assert_vector_regions(src, simd=0, simt=3)
+    assert barriers_in_thread_guards(src) == 0
+    assert dma_counts(src) == (1, 0)
+
+
+@pytest.mark.cuda_compile
+def test_cuda_backward_kernel_compiles():
+    src = pre_split_mixes_bwd_source(CUDA, "cuda")
+    assert "__global__ void" in src and "pre_split_mixes_bwd_kernel" in src
+    nvcc_compile_or_skip(src)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_compile
+def test_cuda_forward_and_reduction_kernels_compile():
+    for src, name in ((pre_split_mixes_fwd_source(CUDA, "cuda"), "pre_split_mixes_fwd_kernel"),
+                      (pre_split_mixes_bwd_reduce_source("cuda"), "pre_split_mixes_bwd_reduce_kernel")):
+        assert "__global__ void" in src and name in src
+        nvcc_compile_or_skip(src)
