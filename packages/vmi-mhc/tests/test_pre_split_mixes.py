@@ -267,7 +267,12 @@ def forward_bounds(inputs, exact_z):
     return pre_bound, post_bound, dz[:, 2 * N:], ds
 
 
-def test_error_of_the_forward_against_float64():
+# The reference by default (the kernels equal it bit for bit), the cpu kernels under slow.
+ERROR_TARGETS = ["torch", pytest.param(None, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("target", ERROR_TARGETS)
+def test_error_of_the_forward_against_float64(target):
     inputs = make_inputs(1001, 21)
     exact = reference.pre_split_mixes_fwd_exact(inputs["input_mixes"], inputs["mhc_scale"], inputs["mhc_base"],
                                                 POST_MULT, PRE_EPS)
@@ -275,13 +280,14 @@ def test_error_of_the_forward_against_float64():
     exact_z = x * scale[reference.gain_index(N)] + base
     bounds = forward_bounds(inputs, exact_z)[:3]
     for flavor in FLAVORS:
-        got = forward(inputs, None, flavor)
+        got = forward(inputs, target, flavor)
         for name, a, b, bound in zip(FWD_NAMES, got, exact, bounds, strict=True):
             error = (a.double() - b).abs()
             assert (error <= bound).all(), f"{name} [{flavor}]: max excess {float((error - bound).max())}"
 
 
-def test_error_of_the_backward_against_float64():
+@pytest.mark.parametrize("target", ERROR_TARGETS)
+def test_error_of_the_backward_against_float64(target):
     # The kernel's backward, fed its forward's post mix, against the exact float64 gradient of the
     # exact forward. Per element: |Δgz| ≤ |d|·(|Δ(s(1−s))|) + 3u|gz| with |Δ(s(1−s))| ≤ |Δs| + u·s
     # (the rounding of 1 − s, exact for s ≥ 1/2 by Sterbenz) and, for post, the forward's |Δp| =
@@ -310,8 +316,8 @@ def test_error_of_the_backward_against_float64():
                        + 3.01 * U * exact_gz[:, N:2 * N].abs())
     depth = 24 + 7 + -(-num_tokens // 64)
     for flavor in FLAVORS:
-        post = forward(inputs, None, flavor)[1]
-        dx, scale_grad, base_grad = backward(inputs, post, None, flavor)
+        post = forward(inputs, target, flavor)[1]
+        dx, scale_grad, base_grad = backward(inputs, post, target, flavor)
         dx_bound = dgz * gains.abs() * (1 + U) + U * exact[0].abs()
         assert ((dx.double() - exact[0]).abs() <= dx_bound).all(), f"input_mixes_grad [{flavor}]"
         base_bound = dgz.sum(0) + depth * U * exact_gz.abs().sum(0) * 1.01
