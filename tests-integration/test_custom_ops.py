@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+import vmi_mhc
 import vmi_moe
 import vmi_quant
 from vmi_core.library import KERNEL_OPS, NAMESPACE
@@ -86,6 +87,15 @@ def _gate_with_autograd():
     vmi_moe.moe_topk_gate_autograd(logits, 4, True, 1, 1.5, 0, mask=torch.arange(12) % 5 != 0, num_sequences=3)
 
 
+def _split_mixes_into_outputs():
+    # The kernel-level API: every output given (the .out overloads), the backward fed the forward's post mix.
+    mixes, scale, base = randn((12, 24), 4), randn((3,), 5), randn((24,), 6)
+    _, post, _ = vmi_mhc.mhc_pre_split_mixes_fwd(mixes, scale, base, torch.empty(12, 4), torch.empty(12, 4),
+                                                 torch.empty(12, 16), 2.0, 1e-2)
+    vmi_mhc.mhc_pre_split_mixes_bwd(randn((12, 4), 7), randn((12, 4), 8), randn((12, 16), 9), mixes, post, scale,
+                                    base, torch.empty(12, 24), torch.empty(3), torch.empty(24), 0.0)
+
+
 VARIANTS = {
     "per_token_cast-out": lambda: vmi_quant.per_token_cast(
         X, "e4m3", 32, out=(torch.empty(12, 256, dtype=torch.float8_e4m3fn), torch.empty(12, 8))),
@@ -126,6 +136,7 @@ VARIANTS = {
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
+    "mhc_pre_split_mixes-out": _split_mixes_into_outputs,
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

@@ -4,4 +4,49 @@ the op's ``run`` outputs."""
 
 from __future__ import annotations
 
-BASELINES = {}
+import torch
+
+from vmi_core.bench import Baseline, in_row_chunks
+
+# vmi_mhc.ops runs pre_split_mixes with TileKernels' test values.
+POST_MULT = 2.0
+PRE_EPS = 1e-2
+N = 4
+
+
+def _gains(scale):
+    """The per-entry gain vector (4 pre, 4 post, 16 comb entries)."""
+    return torch.cat([scale[0].expand(N), scale[1].expand(N), scale[2].expand(N * N)])
+
+
+def mhc_pre_split_mixes_fwd_baseline(op, options):
+    def one(x, gains, base):
+        z = x * gains + base
+        return torch.sigmoid(z[:, :N]) + PRE_EPS, torch.sigmoid(z[:, N:2 * N]) * POST_MULT, z[:, 2 * N:].contiguous()
+
+    def run(inputs, flavor, rows):
+        x, gains, base = inputs["input_mixes"], _gains(inputs["mhc_scale"]), inputs["mhc_base"]
+        return in_row_chunks(lambda a, b: one(x[a:b], gains, base), x.shape[0], rows)
+    return Baseline(run, "torch ops in fp32: z = x * gains + base, sigmoid(z) + eps, sigmoid(z) * m",
+                    same_bits=False)
+
+
+def mhc_pre_split_mixes_bwd_baseline(op, options):
+    def run(inputs, flavor, rows):
+        x, scale = inputs["input_mixes"], inputs["mhc_scale"]
+        gains = _gains(scale)
+        s = torch.sigmoid(x[:, :N] * gains[:N] + inputs["mhc_base"][:N])
+        p = inputs["post_layer_mix"]
+        gz = torch.cat([inputs["pre_layer_mix_grad"] * s * (1 - s),
+                        inputs["post_layer_mix_grad"] * p * (1 - p / POST_MULT), inputs["comb_res_mix_grad"]], dim=1)
+        products = (gz * x).sum(0)
+        scale_grad = torch.stack([products[:N].sum(), products[N:2 * N].sum(), products[2 * N:].sum()])
+        return gz * gains, scale_grad, gz.sum(0)
+    return Baseline(run, "torch ops in fp32: sigmoid recomputed, gz * gains, (gz * x) and gz summed over tokens",
+                    same_bits=False, chunks=False)
+
+
+BASELINES = {
+    "mhc_pre_split_mixes_fwd": mhc_pre_split_mixes_fwd_baseline,
+    "mhc_pre_split_mixes_bwd": mhc_pre_split_mixes_bwd_baseline,
+}
