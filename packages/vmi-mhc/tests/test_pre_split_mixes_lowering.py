@@ -62,16 +62,16 @@ def test_ascend_backward_kernels():
 
 
 @pytest.mark.cuda_compile
-def test_cuda_backward_kernel_compiles():
-    src = pre_split_mixes_bwd_source(CUDA, "cuda")
-    assert "__global__ void" in src and "pre_split_mixes_bwd_kernel" in src
+def test_cuda_forward_kernel_compiles():
+    src = pre_split_mixes_fwd_source(CUDA, "cuda")
+    assert "__global__ void" in src and "pre_split_mixes_fwd_kernel" in src
     nvcc_compile_or_skip(src)
 
 
 @pytest.mark.slow
 @pytest.mark.cuda_compile
-def test_cuda_forward_and_reduction_kernels_compile():
-    for src, name in ((pre_split_mixes_fwd_source(CUDA, "cuda"), "pre_split_mixes_fwd_kernel"),
+def test_cuda_backward_kernels_compile():
+    for src, name in ((pre_split_mixes_bwd_source(CUDA, "cuda"), "pre_split_mixes_bwd_kernel"),
                       (pre_split_mixes_bwd_reduce_source("cuda"), "pre_split_mixes_bwd_reduce_kernel")):
         assert "__global__ void" in src and name in src
         nvcc_compile_or_skip(src)
