@@ -3,7 +3,8 @@
 The token axis is cut into *token tiles* of ``TOKEN_BLOCK`` consecutive tokens, which go round-robin
 to persistent workers; a tile's token ``t`` is lane ``t`` of one 64-lane register on Ascend
 (``Shell.rowwise``: the tile's columns gathered and scattered in UB), a parallel lane elsewhere.
-Every worker reads the 3 gains and 24 biases once, as scalars. Per tile:
+Every worker reads the 3 gains once as scalars and the 24 biases once into an on-chip table (an
+entry's bias reaches the lanes by a register gather). Per tile:
 
 **Forward.** DMA the ``(64, 24)`` mixes in; per entry ``i`` (gain ``c = min(2, i div 4)``)
 ``z = fl(fl(x · scale[c]) + base[i])``; ``pre = σ(z) + pre_eps``, ``post = σ(z) · post_mult``,
@@ -54,6 +55,8 @@ NUM_PARTIALS = N3 + NUM_GAINS
 PARTIAL_TILE = 32
 # Workspace rows per on-chip tile of the reduction.
 REDUCE_ROWS = 64
+# (gain, first entry, entries) of the pre, post and comb entries.
+GROUPS = ((0, 0, N), (1, N, N), (2, 2 * N, N * N))
 
 
 def num_token_tiles(num_tokens: int) -> int:
@@ -84,8 +87,7 @@ class _Entries:
     table (broadcast into every lane by a register gather in vector code) and its logit."""
 
     def __init__(self, at, x, biases, gains):
-        self.at, self.x, self.gains = at, x, gains
-        self.biases = biases
+        self.at, self.x, self.biases, self.gains = at, x, biases, gains
         self.bias_register = keep(load(biases[0])) if at.vector else None
 
     def bias(self, i):
@@ -96,11 +98,6 @@ class _Entries:
     def logit(self, i, c: int):
         """``fl(fl(x · g) + b)`` of entry ``i`` with gain ``c``: two roundings (the product kept apart)."""
         return keep(keep(self.at.load(self.x, i) * self.gains[c]) + self.bias(i))
-
-
-def _groups():
-    """``(gain, first entry, entries)`` of the pre, post and comb entries."""
-    return ((0, 0, N), (1, N, N), (2, 2 * N, N * N))
 
 
 def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
@@ -194,7 +191,7 @@ def build_pre_split_mixes_bwd(spec: PreSplitMixesSpec, target: str):
         x = tiles["x"]
         entries = _Entries(at, x, biases, gains)
         valid = valid_token(at, num_valid)
-        for (c, first, count), grad in zip(_groups(), (pre_grad, post_grad, comb_grad), strict=True):
+        for (c, first, count), grad in zip(GROUPS, (pre_grad, post_grad, comb_grad), strict=True):
             # The token's sum of gz · x over the gain's entries, from +0.0 in increasing order.
             group_sum = LaneVar(at.vector, "float32", 0.0)
             with T.serial(count) as k:
