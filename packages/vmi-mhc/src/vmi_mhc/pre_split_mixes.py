@@ -117,8 +117,9 @@ def _run_fwd(input_mixes, mhc_scale, mhc_base, mhc_post_mult_value, mhc_pre_eps,
     pre = _output(pre, "pre_layer_mix", num_tokens, n, device)
     post = _output(post, "post_layer_mix", num_tokens, n, device)
     comb = _output(comb, "comb_res_mix", num_tokens, n * n, device)
-    check_disjoint({"pre_layer_mix": pre, "post_layer_mix": post, "comb_res_mix": comb},
-                   {"input_mixes": input_mixes, "mhc_scale": mhc_scale, "mhc_base": mhc_base})
+    if out is not None:
+        check_disjoint({"pre_layer_mix": pre, "post_layer_mix": post, "comb_res_mix": comb},
+                       {"input_mixes": input_mixes, "mhc_scale": mhc_scale, "mhc_base": mhc_base})
     target = resolve_target(input_mixes, target)
     flavor = resolve_flavor(target, flavor)
     if launch and target == "torch":
@@ -152,10 +153,11 @@ def _run_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_m
         base_grad = torch.empty(mix_width(n), dtype=torch.float32, device=device)
     check_tensor(base_grad, "mhc_base_grad", dtype=torch.float32, shape=(mix_width(n),), device=device,
                  contiguous=True)
-    check_disjoint({"input_mixes_grad": dx, "mhc_scale_grad": scale_grad, "mhc_base_grad": base_grad},
-                   {"pre_layer_mix_grad": pre_layer_mix_grad, "post_layer_mix_grad": post_layer_mix_grad,
-                    "comb_res_mix_grad": comb_res_mix_grad, "input_mixes": input_mixes,
-                    "post_layer_mix": post_layer_mix, "mhc_scale": mhc_scale, "mhc_base": mhc_base})
+    if out is not None:
+        check_disjoint({"input_mixes_grad": dx, "mhc_scale_grad": scale_grad, "mhc_base_grad": base_grad},
+                       {"pre_layer_mix_grad": pre_layer_mix_grad, "post_layer_mix_grad": post_layer_mix_grad,
+                        "comb_res_mix_grad": comb_res_mix_grad, "input_mixes": input_mixes,
+                        "post_layer_mix": post_layer_mix, "mhc_scale": mhc_scale, "mhc_base": mhc_base})
     target = resolve_target(input_mixes, target)
     flavor = resolve_flavor(target, flavor)
     if launch and target == "torch":
@@ -172,6 +174,12 @@ def _run_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_m
             comb_res_mix_grad, input_mixes, post_layer_mix, mhc_scale, mhc_base, dx, scale_grad, base_grad,
             post_mult), target)
     return dx, scale_grad, base_grad
+
+
+def _given(*outputs):
+    """The outputs for the op's ``out``: None when none is given (the op allocates them all, and new
+    tensors need no overlap check)."""
+    return None if all(t is None for t in outputs) else outputs
 
 
 MHC_PRE_SPLIT_MIXES_FWD = KernelOp(
@@ -250,7 +258,8 @@ def mhc_pre_split_mixes_fwd(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, 
             ``ascend-sim`` or ``cuda``.
     """
     return MHC_PRE_SPLIT_MIXES_FWD(input_mixes, mhc_scale, mhc_base, mhc_post_mult_value, mhc_pre_eps,
-                                   out=(pre_layer_mix, post_layer_mix, comb_res_mix), target=target, flavor=flavor)
+                                   out=_given(pre_layer_mix, post_layer_mix, comb_res_mix), target=target,
+                                   flavor=flavor)
 
 
 def mhc_pre_split_mixes_bwd(pre_layer_mix_grad: torch.Tensor, post_layer_mix_grad: torch.Tensor,
@@ -329,6 +338,6 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad: torch.Tensor, post_layer_mix_gra
     """
     return MHC_PRE_SPLIT_MIXES_BWD(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes,
                                    post_layer_mix, mhc_scale, mhc_base, mhc_post_mult_value,
-                                   out=(input_mixes_grad, mhc_scale_grad, mhc_base_grad), target=target,
+                                   out=_given(input_mixes_grad, mhc_scale_grad, mhc_base_grad), target=target,
                                    flavor=flavor)
 
