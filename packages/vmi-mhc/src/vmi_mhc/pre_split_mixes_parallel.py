@@ -43,6 +43,7 @@ from vmi_core.tl.vector import gather, load, store
 
 from .inputs import MHC_MULT, mix_width
 from .tl.sigmoid import sigmoid
+from .tl.split_mixes import logit, post_mix, pre_mix
 
 N = MHC_MULT
 N3 = mix_width(MHC_MULT)
@@ -96,8 +97,8 @@ class _Entries:
         return self.biases[i]
 
     def logit(self, i, c: int):
-        """``fl(fl(x · g) + b)`` of entry ``i`` with gain ``c``: two roundings (the product kept apart)."""
-        return keep(keep(self.at.load(self.x, i) * self.gains[c]) + self.bias(i))
+        """The logit of entry ``i`` with gain ``c`` (``vmi_mhc.tl.split_mixes.logit``)."""
+        return logit(self.at.load(self.x, i), self.gains[c], self.bias(i))
 
 
 def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
@@ -110,9 +111,9 @@ def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
     def split_token(x, biases, pre, post, comb, gains, post_mult, pre_eps, at):
         entries = _Entries(at, x, biases, gains)
         with T.serial(N) as m:
-            at.store(pre, m, sigmoid(entries.logit(m, 0), spec.flush_division, sh.in_simd) + pre_eps)
+            at.store(pre, m, pre_mix(entries.logit(m, 0), pre_eps, spec.flush_division, sh.in_simd))
         with T.serial(N) as m:
-            at.store(post, m, sigmoid(entries.logit(N + m, 1), spec.flush_division, sh.in_simd) * post_mult)
+            at.store(post, m, post_mix(entries.logit(N + m, 1), post_mult, spec.flush_division, sh.in_simd))
         with T.serial(N * N) as q:
             at.store(comb, q, entries.logit(2 * N + q, 2))
 

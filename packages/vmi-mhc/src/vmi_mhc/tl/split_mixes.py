@@ -1,0 +1,28 @@
+"""The per-entry forward arithmetic of ``pre_split_mixes`` (spec §3.8.2) on fp32 lane values, shared
+with the kernels that fuse the split (``pre_big_fuse``) so that they give its bits.
+
+Every step is one rounded fp32 operation, the same on both flavors except for the division of the
+sigmoid (``vmi_mhc.tl.sigmoid``). The torch twin is ``vmi_mhc.reference.pre_split_mixes``.
+"""
+
+from __future__ import annotations
+
+from vmi_core.tl.simd import keep
+
+from .sigmoid import sigmoid
+
+
+def logit(x, gain, bias):
+    """``fl(fl(x · gain) + bias)``: two roundings, the product kept in its own variable or register
+    so that no compiler fuses it into the addition."""
+    return keep(keep(x * gain) + bias)
+
+
+def pre_mix(z, pre_eps, flush_division: bool, in_simd: bool):
+    """``fl(σ(z) + pre_eps)`` (``pre_eps`` an fp32 value)."""
+    return sigmoid(z, flush_division, in_simd) + pre_eps
+
+
+def post_mix(z, post_mult, flush_division: bool, in_simd: bool):
+    """``fl(σ(z) · post_mult)`` (``post_mult`` an fp32 value)."""
+    return sigmoid(z, flush_division, in_simd) * post_mult
