@@ -23,7 +23,7 @@ from .reference import pre_split_mixes as split_reference
 
 _PARALLEL_TARGETS = {
     "cpu": "runs; checked against the reference in both flavors",
-    "ascend": "lowers to AscendC (SIMD vector regions; SIMT for the backward's final reduction); runs on "
+    "ascend": "lowers to AscendC (SIMD vector regions; SIMT for the backward's final stores); runs on "
               "ascend-sim, not yet on an NPU",
     "ascend-sim": "runs the ascend source on the CPU model; checked against the reference (ascend flavor)",
     "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",

@@ -15,17 +15,17 @@ logit gradient ``gz`` (``σ`` recomputed for pre, the saved post mix for post, t
 is), zero in the lanes past the last token; ``input_mixes_grad = fl(gz · scale[c])`` (DMA out);
 ``gz`` goes to row ``i`` of a ``(27, 64)`` term tile (one token per column), and each token's
 ``Σ_{i in c} fl(gz · x)`` (entries in increasing order) to row ``24 + c``. ``Shell.row_sum``
-folds each term row over the tile's tokens in vmi's fixed lane order, and the 27 sums are the
-tile's row of a ``(ceil(T / 64), 27)`` fp32 workspace (every tile writes its row).
+folds each term row over the tile's tokens in vmi's fixed lane order, and the 27 sums (then
++0.0) are the tile's row of a ``(ceil(T / 64), 64)`` fp32 workspace (every tile writes its row).
 
-**Reduction.** One worker adds the workspace rows in order ``0, 1, ...`` from +0.0, one lane per
-column, and writes ``mhc_base_grad`` (columns 0-23) and ``mhc_scale_grad`` (24-26).
+**Reduction.** One worker adds the workspace rows in order ``0, 1, ...`` from +0.0 (a register
+per row) and writes ``mhc_base_grad`` (columns 0-23) and ``mhc_scale_grad`` (24-26).
 
 Every product and sum is one rounded fp32 operation (no FMA), and the parameter gradients' order
 depends on ``T`` only: every target, worker count and thread count gives the reference's bits.
-On Ascend the forward and backward tile phases run as explicit vector code (SIMD regions); the
-reduction runs in a SIMT region: its 27 columns are less than a register, and it writes single
-global-memory elements. The token count is a runtime value: one compiled kernel per flavor.
+On Ascend every phase runs as explicit vector code (SIMD regions) except the reduction's final
+stores, single global-memory elements written from a SIMT region. The token count is a runtime
+value: one compiled kernel per flavor.
 """
 
 from dataclasses import dataclass
@@ -39,7 +39,7 @@ from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl.formats import flush_subnormal
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, bitcast, keep, select
-from vmi_core.tl.vector import gather, load, store
+from vmi_core.tl.vector import ChunkAt, gather, load, phase_barrier, store
 
 from .inputs import MHC_MULT, mix_width
 from .tl.sigmoid import sigmoid
@@ -52,8 +52,8 @@ NUM_GAINS = 3
 TOKEN_BLOCK = LANES
 # Partial sums per token tile: one per bias, then one per gain.
 NUM_PARTIALS = N3 + NUM_GAINS
-# On-chip width of a partial row (whole 32-byte blocks).
-PARTIAL_TILE = 32
+# Width of a workspace row: one register (the columns past the partial sums hold +0.0).
+PARTIAL_WIDTH = LANES
 # Workspace rows per on-chip tile of the reduction.
 REDUCE_ROWS = 64
 # (gain, first entry, entries) of the pre, post and comb entries.
@@ -76,6 +76,11 @@ class PreSplitMixesSpec:
     def flush_division(self) -> bool:
         """The ascend flavor's division: subnormal operands and quotients flushed to zero."""
         return get_flavor(self.flavor).name == "ascend"
+
+
+def _zero(at):
+    """+0.0 in the lane(s) at ``at``."""
+    return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
 
 
 def _gains(SCALE):
@@ -215,14 +220,17 @@ def build_pre_split_mixes_bwd(spec: PreSplitMixesSpec, target: str):
         DCOMB: TK.Tensor((M, N * N), "float32"), X: TK.Tensor((M, N3), "float32"),
         POST: TK.Tensor((M, N), "float32"), SCALE: TK.Tensor((NUM_GAINS,), "float32"),
         BASE: TK.Tensor((N3,), "float32"), DX: TK.Tensor((M, N3), "float32"),
-        WS: TK.Tensor((NB, NUM_PARTIALS), "float32"), post_divisor: TK.float32,
+        WS: TK.Tensor((NB, PARTIAL_WIDTH), "float32"), post_divisor: TK.float32,
     ):
         with sh.persistent_kernel() as worker:
             gains = _gains(SCALE)
             biases = sh.tile((LANES,), "float32")
             terms = sh.tile((NUM_PARTIALS, BT), "float32")
-            partial = sh.tile((PARTIAL_TILE,), "float32")
+            partial = sh.tile((PARTIAL_WIDTH,), "float32")
             sh.copy(BASE[0], biases)
+            # The row sums write the first NUM_PARTIALS columns; the rest stay +0.0.
+            with sh.vector(SIMD):
+                sh.elementwise((PARTIAL_WIDTH,), _zero, partial)
             for tile in sh.tiles([T.ceildiv(M, BT)], worker):
                 token0 = T.alloc_var("int32")
                 num_valid = T.alloc_var("int32")
@@ -253,11 +261,11 @@ def build_pre_split_mixes_bwd_reduce(spec: PreSplitMixesSpec, target: str):
     """The reduction kernel's TileLang prim_func (the same for every flavor: ``spec`` is the cache key)."""
     sh = Shell(target)
     TK = sh.T
-    PR, W = REDUCE_ROWS, PARTIAL_TILE
+    PR, W = REDUCE_ROWS, PARTIAL_WIDTH
     NB = TK.dynamic("NB")
 
     @T.macro
-    def add_rows(parts, total, num_rows):
+    def add_rows_lanes(parts, total, num_rows):
         for j in T.Parallel(W):
             running = T.alloc_var("float32")
             running = total[j]
@@ -265,23 +273,35 @@ def build_pre_split_mixes_bwd_reduce(spec: PreSplitMixesSpec, target: str):
                 running = running + parts[p, j]
             total[j] = running
 
+    @T.macro
+    def add_rows_register(parts, total, num_rows):
+        running = LaneVar(True, "float32", ChunkAt((), 0).load(total))
+        for p in T.serial(num_rows):
+            running.set(running.get() + ChunkAt((p,), 0).load(parts))
+        T.evaluate(store(total[0], running.get()))
+        phase_barrier()
+
     @TK.prim_func
-    def pre_split_mixes_bwd_reduce_kernel(WS: TK.Tensor((NB, NUM_PARTIALS), "float32"),
+    def pre_split_mixes_bwd_reduce_kernel(WS: TK.Tensor((NB, PARTIAL_WIDTH), "float32"),
                                           SCALE_GRAD: TK.Tensor((NUM_GAINS,), "float32"),
                                           BASE_GRAD: TK.Tensor((N3,), "float32")):
         with sh.persistent_kernel() as worker:
             for _ in sh.tiles([1], worker):
                 parts = sh.tile((PR, W), "float32")
                 total = sh.tile((W,), "float32")
-                with sh.vector(SIMT):
-                    for j in T.Parallel(W):
-                        total[j] = T.float32(0)
+                with sh.vector(SIMD):
+                    sh.elementwise((W,), _zero, total)
+                # The partial rows in order, PR at a time (one register per row).
                 for chunk in T.serial(T.ceildiv(NB, PR)):
                     num_rows = T.alloc_var("int32")
                     num_rows = T.min(PR, NB - chunk * PR)
                     sh.copy(WS[chunk * PR, 0], parts)
-                    with sh.vector(SIMT):
-                        add_rows(parts, total, num_rows)
+                    with sh.vector(SIMD):
+                        if sh.in_simd:
+                            add_rows_register(parts, total, num_rows)
+                        else:
+                            add_rows_lanes(parts, total, num_rows)
+                # Single elements of two gradients: scalar stores from SIMT lanes.
                 with sh.vector(SIMT):
                     for j in T.Parallel(W):
                         if j < N3:
@@ -337,7 +357,7 @@ def launch_bwd(call, target: str) -> None:
     kernel = cached_kernel(build_pre_split_mixes_bwd, call.spec, target, **KERNEL_CONFIG)
     reduce = cached_kernel(build_pre_split_mixes_bwd_reduce, REDUCE_SPEC, target, **KERNEL_CONFIG)
     num_tokens = call.input_mixes.shape[0]
-    workspace = torch.empty((num_token_tiles(num_tokens), NUM_PARTIALS), dtype=torch.float32,
+    workspace = torch.empty((num_token_tiles(num_tokens), PARTIAL_WIDTH), dtype=torch.float32,
                             device=call.input_mixes.device)
     divisor = post_divisor(call.mhc_post_mult_value)
 
