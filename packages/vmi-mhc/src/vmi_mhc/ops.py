@@ -16,6 +16,7 @@ from .inputs import MHC_MULT, mix_width
 from .pre_split_mixes import MHC_PRE_SPLIT_MIXES_BWD, MHC_PRE_SPLIT_MIXES_FWD
 from .pre_split_mixes_parallel import (
     PreSplitMixesSpec,
+    pre_split_mixes_bwd_reduce_source,
     pre_split_mixes_bwd_source,
     pre_split_mixes_fwd_source,
 )
@@ -69,7 +70,9 @@ def _split_fwd_source(options, target, flavor):
 
 
 def _split_bwd_source(options, target, flavor):
-    return pre_split_mixes_bwd_source(PreSplitMixesSpec(_flavor_of(target, flavor)), target)
+    # Both kernels of the backward (so that vmi precompile builds both): the tile kernel, then the reduction.
+    return "\n".join((pre_split_mixes_bwd_source(PreSplitMixesSpec(_flavor_of(target, flavor)), target),
+                      pre_split_mixes_bwd_reduce_source(target)))
 
 
 OPS = [
