@@ -53,6 +53,7 @@ def _registry_call(name: str):
 X = randn((12, 256), 1, torch.bfloat16)
 XB = randn((128, 256), 2, torch.bfloat16)
 LOGITS = randn((12, 24), 3)
+MIX_SCALE, MIX_BASE = randn((3,), 10), randn((24,), 11)
 
 
 def _transpose_into_reused_outputs():
@@ -199,7 +200,9 @@ def _one_op_per_family(x, logits):
     data, sf = vmi_quant.per_token_cast(x, "e4m3", 32)
     restored = vmi_quant.cast_back((data, sf), "fp32", (1, 32))
     idx, weights = vmi_moe.moe_topk_gate_forward(logits, 4, True, 1, 2.5, 0)
-    return data.view(torch.uint8), sf, restored * 2, idx, weights * 2
+    # The 24 logits per token serve as an mHC mix vector.
+    pre, post, comb = vmi_mhc.mhc_pre_split_mixes_fwd(logits, MIX_SCALE, MIX_BASE, None, None, None, 2.0, 1e-2)
+    return data.view(torch.uint8), sf, restored * 2, idx, weights * 2, pre, post * 2, comb
 
 
 def _gate_loss(logits):
@@ -217,9 +220,7 @@ def test_compile_fullgraph_backward_gives_eager_gradient():
 
 
 def test_compile_fullgraph_gives_eager_bits():
-    """No graph break (the lock and the kernel cache stay inside the ops) and the same bits.
-
-    vmi-mhc has no op yet; quant and moe are in the graph."""
+    """No graph break (the lock and the kernel cache stay inside the ops) and the same bits."""
     torch._dynamo.reset()
     compiled = torch.compile(_one_op_per_family, fullgraph=True)
     eager = _one_op_per_family(X, LOGITS)
