@@ -353,6 +353,6 @@ def test_float64_backward_against_autograd():
         inputs["input_mixes"], inputs["mhc_scale"], inputs["mhc_base"], POST_MULT)
     for name, a, b in zip(BWD_NAMES, closed, autograd, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=name)
-    small = (x[:8].detach().clone().requires_grad_(True), scale.detach().clone().requires_grad_(True),
+    small = (x[:2].detach().clone().requires_grad_(True), scale.detach().clone().requires_grad_(True),
              base.detach().clone().requires_grad_(True))
     assert torch.autograd.gradcheck(split, small)
