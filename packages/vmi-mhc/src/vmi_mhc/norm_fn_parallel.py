@@ -193,7 +193,7 @@ def build_reduce_fwd(spec: ReduceSpec, target: str):
 
     def scale_row(acc, sq, out, at):
         r = keep(rms_scale(row_value(sq, at), spec.group_size, spec.eps, spec.flavor))
-        for j in range(N3):
+        with T.serial(N3) as j:
             at.store(out, j, at.load(acc, j) * r)
 
     @TK.prim_func
@@ -243,12 +243,12 @@ def build_reduce_bwd(spec: ReduceSpec, target: str):
     def token_grads(g, om, sq, dom, dsq, at):
         sqrsum = keep(row_value(sq, at))
         r = keep(rms_scale(sqrsum, spec.group_size, spec.eps, spec.flavor))
-        dot = zero(at)
-        for j in range(N3):
+        dot = LaneVar(at.vector, "float32", 0.0)
+        with T.serial(N3) as j:
             gj = keep(at.load(g, j))
-            dot = keep(fma(gj, at.load(om, j), dot))
+            dot.set(fma(gj, at.load(om, j), dot.get()))
             at.store(dom, j, gj * r)
-        at.store_row_value(dsq, sqrsum_grad(dot, r, sqrsum, spec.group_size, spec.eps, spec.flavor))
+        at.store_row_value(dsq, sqrsum_grad(dot.get(), r, sqrsum, spec.group_size, spec.eps, spec.flavor))
 
     @TK.prim_func
     def reduce_partials_and_rmsnorm_bwd_kernel(
