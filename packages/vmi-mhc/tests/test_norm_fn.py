@@ -66,7 +66,8 @@ def reduce_inputs(splits: int, tokens: int, mix: int, group_size: int, seed: int
 
 def run_reduce_fwd(partials, sqrsums, group_size, eps=EPS, *, target="cpu", flavor=None):
     splits, tokens, _, mix = partials.shape
-    out_mul, sqrsum, out = torch.full((tokens, 1, mix), 7.0), torch.full((tokens, 1), 7.0), torch.full((tokens, mix), 7.0)
+    out_mul, sqrsum = torch.full((tokens, 1, mix), 7.0), torch.full((tokens, 1), 7.0)
+    out = torch.full((tokens, mix), 7.0)
     results = mhc_reduce_partials_and_rmsnorm_fwd(partials, sqrsums, out_mul, sqrsum, out, group_size, eps, splits,
                                                   target=target, flavor=flavor)
     assert results[0] is out_mul and results[1] is sqrsum and results[2] is out
@@ -248,23 +249,20 @@ def test_parallel_entry_points_run_the_kernel():
 
 
 def test_non_finite_values_propagate():
-    # A NaN partial product (token 2), an infinite partial square sum (token 5), and eps = 0
-    # with a zero square sum (token 7: r = inf, out = 0 · inf = NaN or ±inf): as IEEE arithmetic
-    # gives them, in the kernel as in the reference (NaN payloads aside).
+    # A NaN partial product (token 2) and an infinite partial square sum (token 5): as IEEE
+    # arithmetic gives them, in the kernel as in the reference (NaN payloads aside).
     partials, sqrsums = reduce_inputs(2, 40, N3, K_DEFAULT, 9)
     partials[1, 2, 0, 3] = float("nan")
     sqrsums[0, 5, 0] = float("inf")
-    sqrsums[:, 7] = 0.0
-    partials[:, 7, 0, :2] = 0.0
     for flavor in FLAVORS:
-        results = run_reduce_fwd(partials, sqrsums, K_DEFAULT, 0.0, flavor=flavor)
-        want = reference.reduce_partials_and_rmsnorm_fwd(partials, sqrsums, K_DEFAULT, 0.0, flavor)
+        results = run_reduce_fwd(partials, sqrsums, K_DEFAULT, flavor=flavor)
+        want = reference.reduce_partials_and_rmsnorm_fwd(partials, sqrsums, K_DEFAULT, EPS, flavor)
         for got, wanted in zip(results, want, strict=True):
             assert_bitwise_equal(got, wanted, any_nan=True)
         out = results[2]
         assert out[2, 3].isnan() and out[2].isfinite().sum() == N3 - 1
         assert (out[5] == 0).all()  # r = 1 / sqrt(inf) = 0
-        assert out[7, :2].isnan().all() and out[7, 2:].isinf().all()
+        assert out[[0, 1, 3, 4, 6]].isfinite().all()
     # The backward of a NaN entry of g makes its token's sqrsum_grad NaN, and only that.
     out_mul, sqrsum, _ = reference.reduce_partials_and_rmsnorm_fwd(*reduce_inputs(1, 40, N3, K_DEFAULT, 10),
                                                                    K_DEFAULT, EPS, "ascend")
@@ -275,6 +273,27 @@ def test_non_finite_values_propagate():
     assert_bitwise_equal(grads[0], want[0], any_nan=True)
     assert_bitwise_equal(grads[1], want[1], any_nan=True)
     assert grads[1][4].isnan().all() and grads[1].isnan().sum() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_zero_eps_and_zero_square_sum(flavor):
+    # eps = 0 and a zero square sum: r = 1 / sqrt(0) = inf, out = 0 · inf = NaN where out_mul is 0,
+    # ±inf elsewhere; the backward's r is inf as well.
+    partials, sqrsums = reduce_inputs(2, 10, N3, K_DEFAULT, 14)
+    sqrsums[:, 7] = 0.0
+    partials[:, 7, 0, :2] = 0.0
+    results = run_reduce_fwd(partials, sqrsums, K_DEFAULT, 0.0, flavor=flavor)
+    want = reference.reduce_partials_and_rmsnorm_fwd(partials, sqrsums, K_DEFAULT, 0.0, flavor)
+    for got, wanted in zip(results, want, strict=True):
+        assert_bitwise_equal(got, wanted, any_nan=True)
+    assert results[2][7, :2].isnan().all() and results[2][7, 2:].isinf().all()
+    out_grad = randn((10, N3), 14)
+    grads = run_reduce_bwd(out_grad, results[0], results[1], K_DEFAULT, 0.0, flavor=flavor)
+    want = reference.reduce_partials_and_rmsnorm_bwd(out_grad, results[0], results[1], K_DEFAULT, 0.0, flavor)
+    assert_bitwise_equal(grads[0], want[0], any_nan=True)
+    assert_bitwise_equal(grads[1], want[1], any_nan=True)
+    assert grads[0][7].isinf().all()
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

@@ -98,6 +98,10 @@ def build_merge_fwd(spec: MergeSpec, target: str):
     KC = TK.dynamic("KC")
     ld = TK.dynamic("ld")
 
+    @T.macro
+    def merge(fn, nw, out):
+        sh.elementwise((M, BK), lambda at: at.load(fn) * column_value(nw, at), out)
+
     @TK.prim_func
     def fn_normw_merge_fwd_kernel(FN: TK.StridedTensor((M, KC), (ld, 1), "float32"),
                                   NW: TK.Tensor((KC,), "float32"),
@@ -113,7 +117,7 @@ def build_merge_fwd(spec: MergeSpec, target: str):
                 sh.copy(FN[0, k0], fn)
                 sh.copy(NW[k0], nw)
                 with sh.vector(SIMD):
-                    sh.elementwise((M, BK), lambda at: at.load(fn) * column_value(nw, at), out)
+                    merge(fn, nw, out)
                 sh.copy(out, OUT[0, k0])
 
     return fn_normw_merge_fwd_kernel
@@ -126,6 +130,11 @@ def build_merge_bwd(spec: MergeSpec, target: str):
     M, BK = spec.rows, MERGE_BWD_BLOCK
     KC = TK.dynamic("KC")
     ld = TK.dynamic("ld")
+
+    @T.macro
+    def fn_grad(g, nw, fg):
+        # In place: each element is read, then written, by the same lane.
+        sh.elementwise((M, BK), lambda at: fma(at.load(g), column_value(nw, at), at.load(fg)), fg)
 
     @T.macro
     def normw_grad_lanes(g, fn, nwg):
@@ -169,8 +178,7 @@ def build_merge_bwd(spec: MergeSpec, target: str):
                 sh.copy(NW[k0], nw)
                 sh.copy(NWG[k0], nwg)
                 with sh.vector(SIMD):
-                    # In place: each element is read, then written, by the same lane.
-                    sh.elementwise((M, BK), lambda at: fma(at.load(g), column_value(nw, at), at.load(fg)), fg)
+                    fn_grad(g, nw, fg)
                     if sh.in_simd:
                         normw_grad_registers(g, fn, nwg)
                     else:
@@ -195,6 +203,15 @@ def build_reduce_fwd(spec: ReduceSpec, target: str):
         r = keep(rms_scale(row_value(sq, at), spec.group_size, spec.eps, spec.flavor))
         with T.serial(N3) as j:
             at.store(out, j, at.load(acc, j) * r)
+
+    @T.macro
+    def add_split(acc, p, sq, q):
+        sh.elementwise((BT, NP), lambda at: split_sum(at.load(acc), at.load(p)), acc)
+        sh.elementwise((BT,), lambda at: split_sum(at.load(sq), at.load(q)), sq)
+
+    @T.macro
+    def scale_rows(acc, sq, out):
+        sh.rowwise(BT, lambda at: scale_row(acc, sq, out, at))
 
     @TK.prim_func
     def reduce_partials_and_rmsnorm_fwd_kernel(
@@ -222,10 +239,9 @@ def build_reduce_fwd(spec: ReduceSpec, target: str):
                     sh.copy(P[s, t0, 0], p)
                     sh.copy(Q[s, t0], q)
                     with sh.vector(SIMD):
-                        sh.elementwise((BT, NP), lambda at: split_sum(at.load(acc), at.load(p)), acc)
-                        sh.elementwise((BT,), lambda at: split_sum(at.load(sq), at.load(q)), sq)
+                        add_split(acc, p, sq, q)
                 with sh.vector(SIMD):
-                    sh.rowwise(BT, lambda at: scale_row(acc, sq, out, at))
+                    scale_rows(acc, sq, out)
                 sh.copy(acc, OM[t0, 0])
                 sh.copy(sq, SQ[t0])
                 sh.copy(out, OUT[t0, 0])
@@ -250,6 +266,10 @@ def build_reduce_bwd(spec: ReduceSpec, target: str):
             at.store(dom, j, gj * r)
         at.store_row_value(dsq, sqrsum_grad(dot.get(), r, sqrsum, spec.group_size, spec.eps, spec.flavor))
 
+    @T.macro
+    def token_rows(g, om, sq, dom, dsq):
+        sh.rowwise(BT, lambda at: token_grads(g, om, sq, dom, dsq, at))
+
     @TK.prim_func
     def reduce_partials_and_rmsnorm_bwd_kernel(
         G: TK.Tensor((TT, N3), "float32"),
@@ -272,7 +292,7 @@ def build_reduce_bwd(spec: ReduceSpec, target: str):
                 sh.copy(OM[t0, 0], om)
                 sh.copy(SQ[t0], sq)
                 with sh.vector(SIMD):
-                    sh.rowwise(BT, lambda at: token_grads(g, om, sq, dom, dsq, at))
+                    token_rows(g, om, sq, dom, dsq)
                 sh.copy(dom, DOM[t0, 0])
                 sh.copy(dsq, DSQ[t0])
 
