@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+import vmi_mhc
 import vmi_moe
 import vmi_quant
 from vmi_core.library import KERNEL_OPS, NAMESPACE
@@ -86,6 +87,17 @@ def _gate_with_autograd():
     vmi_moe.moe_topk_gate_autograd(logits, 4, True, 1, 1.5, 0, mask=torch.arange(12) % 5 != 0, num_sequences=3)
 
 
+def _norm_fn_stages_into_given_outputs():
+    # The kernel-level API writes preallocated outputs (the ``.out`` overloads); 3 splits, 24 mixes.
+    fn, normw = randn((24, 256), 4), randn((256,), 5)
+    vmi_mhc.mhc_fn_normw_merge_fwd(fn, normw, torch.empty(24, 256))
+    partials, sqrsums = randn((3, 12, 1, 24), 6), torch.rand(3, 12, 1) + 0.5
+    out_mul, sqrsum, _ = vmi_mhc.mhc_reduce_partials_and_rmsnorm_fwd(
+        partials, sqrsums, torch.empty(12, 1, 24), torch.empty(12, 1), torch.empty(12, 24), 1024, 1e-6, 3)
+    vmi_mhc.mhc_reduce_partials_and_rmsnorm_bwd(LOGITS, out_mul, sqrsum, torch.empty(12, 1, 24), torch.empty(12, 1),
+                                                1024, 1e-6)
+
+
 VARIANTS = {
     "per_token_cast-out": lambda: vmi_quant.per_token_cast(
         X, "e4m3", 32, out=(torch.empty(12, 256, dtype=torch.float8_e4m3fn), torch.empty(12, 8))),
@@ -126,6 +138,7 @@ VARIANTS = {
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
+    "mhc_norm_fn-out": _norm_fn_stages_into_given_outputs,
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 
