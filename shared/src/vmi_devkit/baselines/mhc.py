@@ -9,7 +9,6 @@ import torch
 from vmi_core.bench import Baseline
 from vmi_mhc.ops import NORM_EPS
 
-
 # --- norm_fn ---
 
 def fn_normw_merge_fwd_baseline(op, options):
