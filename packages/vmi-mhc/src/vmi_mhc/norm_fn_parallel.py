@@ -24,8 +24,8 @@ DMA'd out.
 forward's ``rms_scale``, ``out_mul_grad = g · r``, ``dot = fma(g[j], out_mul[j], dot)`` for
 ``j = 0 .. n3-1`` in order from +0.0, ``sqrsum_grad = sqrsum_grad(dot, r, sqrsum)``.
 
-On-chip token rows are padded to ``PADDED_MIX`` floats (whole 32-byte rows for the gathers,
-two rows a register for the element-wise adds); the padding is never stored. On Ascend every
+On Ascend, on-chip token rows are padded to ``PADDED_MIX`` floats (whole 32-byte rows for the
+gathers, two rows a register for the element-wise adds); the padding is never stored. On Ascend every
 phase is explicit vector code (SIMD regions): the element-wise phases as registers of 64
 elements, the per-token phases one token per lane with the columns gathered and scattered in UB
 (``Shell.rowwise``), the column sums one column per lane. On ``cpu`` a call's column blocks
@@ -83,6 +83,13 @@ def zero(at):
 def column_value(vector_tile, at):
     """``vector_tile[column]`` for the element(s) at ``at`` of an ``(m, block)`` slab."""
     return ChunkAt((), at.col0).load(vector_tile) if at.vector else vector_tile[at.j]
+
+
+def padded_mix(sh: Shell, mix: int) -> int:
+    """Floats of an on-chip token row: ``PADDED_MIX`` on Ascend (whole 32-byte rows for the gathers,
+    two rows a register for the element-wise adds), the mix width elsewhere (so that cpu copies
+    of whole tiles take the shell's unchecked path)."""
+    return PADDED_MIX if sh.is_ascend else mix
 
 
 def row_value(table, at):
@@ -193,7 +200,7 @@ def build_reduce_fwd(spec: ReduceSpec, target: str):
     """The reduce forward's TileLang prim_func of ``spec`` for ``target``."""
     sh = Shell(target)
     TK = sh.T
-    N3, NP, BT = spec.mix, PADDED_MIX, TOKEN_BLOCK
+    N3, NP, BT = spec.mix, padded_mix(sh, spec.mix), TOKEN_BLOCK
     S = TK.dynamic("S")
     TT = TK.dynamic("TT")
     p_stride = TK.dynamic("p_stride")
@@ -253,7 +260,7 @@ def build_reduce_bwd(spec: ReduceSpec, target: str):
     """The reduce backward's TileLang prim_func of ``spec`` for ``target``."""
     sh = Shell(target)
     TK = sh.T
-    N3, NP, BT = spec.mix, PADDED_MIX, TOKEN_BLOCK
+    N3, NP, BT = spec.mix, padded_mix(sh, spec.mix), TOKEN_BLOCK
     TT = TK.dynamic("TT")
 
     def token_grads(g, om, sq, dom, dsq, at):
