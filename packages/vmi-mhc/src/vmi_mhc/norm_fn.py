@@ -32,7 +32,7 @@ from vmi_core.checks import (
 )
 from vmi_core.library import KernelOp, Param
 from vmi_core.rstd import MAX_HIDDEN
-from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import norm_fn_parallel as parallel
 from .reference import norm_fn as reference
@@ -67,7 +67,6 @@ class ReduceFwdCall:
     """A validated reduce forward: the kernel specialisation and the tensors it reads and writes."""
 
     spec: parallel.ReduceSpec
-    flavor: Flavor
     out_mul_splitted: torch.Tensor
     sqrsum_splitted: torch.Tensor
     out_mul: torch.Tensor
@@ -80,7 +79,6 @@ class ReduceBwdCall:
     """A validated reduce backward: the kernel specialisation and the tensors it reads and writes."""
 
     spec: parallel.ReduceSpec
-    flavor: Flavor
     out_grad: torch.Tensor
     out_mul: torch.Tensor
     sqrsum: torch.Tensor
@@ -276,7 +274,7 @@ def _run_reduce_fwd(out_mul_splitted, sqrsum_splitted, rms_group_size, rms_eps, 
             dst.copy_(src)
     elif launch and tokens:
         spec = parallel.ReduceSpec(mix, group_size, eps, flavor.name)
-        call = ReduceFwdCall(spec, flavor, out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out_t)
+        call = ReduceFwdCall(spec, out_mul_splitted, sqrsum_splitted, out_mul, sqrsum, out_t)
         parallel.launch_reduce_fwd(call, target)
     return out_mul, sqrsum, out_t
 
@@ -368,7 +366,7 @@ def _run_reduce_bwd(out_grad, out_mul, sqrsum, rms_group_size, rms_eps, *, out, 
         sqrsum_grad.copy_(d_sqrsum)
     elif launch and tokens:
         spec = parallel.ReduceSpec(mix, group_size, eps, flavor.name)
-        call = ReduceBwdCall(spec, flavor, out_grad, out_mul, sqrsum, out_mul_grad, sqrsum_grad)
+        call = ReduceBwdCall(spec, out_grad, out_mul, sqrsum, out_mul_grad, sqrsum_grad)
         parallel.launch_reduce_bwd(call, target)
     return out_mul_grad, sqrsum_grad
 

@@ -370,11 +370,11 @@ def launch_reduce_bwd(call, target: str) -> None:
     """Run a validated reduce backward call (``vmi_mhc.norm_fn.ReduceBwdCall``) on ``target``."""
     kernel = cached_kernel(build_reduce_bwd, call.spec, target, **KERNEL_CONFIG)
     out_grad, out_mul, sqrsum = call.out_grad, call.out_mul[:, 0], call.sqrsum[:, 0]
-    out_mul_grad, sqrsum_grad_ = call.out_mul_grad[:, 0], call.sqrsum_grad[:, 0]
+    d_out_mul, d_sqrsum = call.out_mul_grad[:, 0], call.sqrsum_grad[:, 0]
 
     def run(start: int, stop: int) -> None:
-        kernel(out_grad[start:stop], out_mul[start:stop], sqrsum[start:stop], out_mul_grad[start:stop],
-               sqrsum_grad_[start:stop])
+        kernel(out_grad[start:stop], out_mul[start:stop], sqrsum[start:stop], d_out_mul[start:stop],
+               d_sqrsum[start:stop])
 
     launch_rows(target, run, out_grad.shape[0], align=TOKEN_BLOCK)
 
