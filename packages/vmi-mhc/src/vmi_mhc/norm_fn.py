@@ -299,9 +299,10 @@ def mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted: torch.Tensor, sqrsum_s
       ``sqrsum[t, 0] = Σ_s sqrsum_splitted[s, t, 0]``, plain additions over ``s = 0 .. S-1`` in
       order, starting from +0.0;
     * ``r = 1 / sqrt(f32(f32(sqrsum · f32(1/K)) + f32(eps)))`` (``ascend`` flavor) or
-      ``1 / sqrt(f32(f32(sqrsum / K) + f32(eps)))`` (``cuda`` flavor: CUDA's kernel uses
-      ``rsqrtf``, not correctly rounded; off the GPU vmi takes the correctly rounded square root
-      and division, as ``vmi_core.rstd``'s cuda flavor does), ``K = rms_group_size``;
+      ``1 / sqrt(f32(f32(sqrsum / K) + f32(eps)))`` (``cuda`` flavor: TileKernels' CUDA kernel
+      uses ``rsqrtf``, which is not correctly rounded; vmi takes the correctly rounded square root
+      and division on every target, as ``vmi_core.rstd``'s cuda flavor does off the GPU),
+      ``K = rms_group_size``;
     * ``out[t, j] = out_mul[t, 0, j] · r``.
 
     Non-finite partials propagate as IEEE arithmetic does; ``rms_eps = 0`` with a zero square

@@ -37,10 +37,10 @@ def rms_scale(sqrsum, group_size: int, eps: float, flavor: str):
     """``r = 1 / sqrt(sqrsum / K + eps)`` as ``flavor`` computes it.
 
     * ``ascend``: ``1 / sqrt(f32(f32(sqrsum · f32(1/K)) + f32(eps)))``;
-    * ``cuda``: ``1 / sqrt(f32(f32(sqrsum / K) + f32(eps)))``. CUDA's kernel calls ``rsqrtf``, which
-      is not correctly rounded; off the GPU this is the correctly rounded square root, then the
-      correctly rounded division (as ``vmi_core.tl.rstd``'s cuda flavor), within 1.5 ulp of the
-      exact value of its rounded argument.
+    * ``cuda``: ``1 / sqrt(f32(f32(sqrsum / K) + f32(eps)))``. TileKernels' CUDA kernel calls
+      ``rsqrtf``, which is not correctly rounded; here it is the correctly rounded square root, then
+      the correctly rounded division, on every target (``sqrtf`` and ``/`` without fast math on
+      ``cuda``), within 1.5 ulp of the exact value of its rounded argument.
 
     The Ascend vector division flushes subnormal operands and quotients to zero; here it never
     meets one: ``sqrt(v)`` is 0 or at least ``2^-75`` and ``1 / sqrt(v)`` is above ``2^-64``.
