@@ -24,11 +24,10 @@ DMA'd out.
 forward's ``rms_scale``, ``out_mul_grad = g · r``, ``dot = fma(g[j], out_mul[j], dot)`` for
 ``j = 0 .. n3-1`` in order from +0.0, ``sqrsum_grad = sqrsum_grad(dot, r, sqrsum)``.
 
-On Ascend, on-chip token rows are padded to ``PADDED_MIX`` floats (whole 32-byte rows for the
-gathers, two rows a register for the element-wise adds); the padding is never stored. On Ascend every
-phase is explicit vector code (SIMD regions): the element-wise phases as registers of 64
-elements, the per-token phases one token per lane with the columns gathered and scattered in UB
-(``Shell.rowwise``), the column sums one column per lane. On ``cpu`` a call's column blocks
+On Ascend every phase is explicit vector code (SIMD regions): the element-wise phases as
+registers of 64 elements, the per-token phases one token per lane with the columns gathered and
+scattered in UB (``Shell.rowwise``), the column sums 64 columns a register; on-chip token rows are
+padded to ``PADDED_MIX`` floats there (``padded_mix``), and the padding is never stored. On ``cpu`` a call's column blocks
 (merge) or token blocks (reduce) are split across threads (``vmi_core.cpu_parallel``).
 """
 
