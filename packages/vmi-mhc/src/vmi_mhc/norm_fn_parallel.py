@@ -27,8 +27,9 @@ forward's ``rms_scale``, ``out_mul_grad = g · r``, ``dot = fma(g[j], out_mul[j]
 On Ascend every phase is explicit vector code (SIMD regions): the element-wise phases as
 registers of 64 elements, the per-token phases one token per lane with the columns gathered and
 scattered in UB (``Shell.rowwise``), the column sums 64 columns a register; on-chip token rows are
-padded to ``PADDED_MIX`` floats there (``padded_mix``), and the padding is never stored. On ``cpu`` a call's column blocks
-(merge) or token blocks (reduce) are split across threads (``vmi_core.cpu_parallel``).
+padded to ``PADDED_MIX`` floats there (``padded_mix``), and the padding is never stored. On ``cpu``
+a call's column blocks (merge) or token blocks (reduce) are split across threads
+(``vmi_core.cpu_parallel``).
 """
 
 from dataclasses import dataclass
