@@ -97,6 +97,17 @@ def _split_mixes_into_outputs():
                                     base, torch.empty(12, 24), torch.empty(3), torch.empty(24), 0.0)
 
 
+def _norm_fn_stages_into_given_outputs():
+    # The kernel-level API writes preallocated outputs (the ``.out`` overloads); 3 splits, 24 mixes.
+    fn, normw = randn((24, 256), 4), randn((256,), 5)
+    vmi_mhc.mhc_fn_normw_merge_fwd(fn, normw, torch.empty(24, 256))
+    partials, sqrsums = randn((3, 12, 1, 24), 6), torch.rand(3, 12, 1) + 0.5
+    out_mul, sqrsum, _ = vmi_mhc.mhc_reduce_partials_and_rmsnorm_fwd(
+        partials, sqrsums, torch.empty(12, 1, 24), torch.empty(12, 1), torch.empty(12, 24), 1024, 1e-6, 3)
+    vmi_mhc.mhc_reduce_partials_and_rmsnorm_bwd(LOGITS, out_mul, sqrsum, torch.empty(12, 1, 24), torch.empty(12, 1),
+                                                1024, 1e-6)
+
+
 VARIANTS = {
     "per_token_cast-out": lambda: vmi_quant.per_token_cast(
         X, "e4m3", 32, out=(torch.empty(12, 256, dtype=torch.float8_e4m3fn), torch.empty(12, 8))),
@@ -138,6 +149,7 @@ VARIANTS = {
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
     "mhc_pre_split_mixes-out": _split_mixes_into_outputs,
+    "mhc_norm_fn-out": _norm_fn_stages_into_given_outputs,
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

@@ -5,6 +5,18 @@ and checked against a PyTorch reference. The ops are being added; this release
 provides the package and its version only.
 """
 
+from .norm_fn import (
+    mhc_fn_normw_merge_bwd,
+    mhc_fn_normw_merge_fwd,
+    mhc_reduce_partials_and_rmsnorm_bwd,
+    mhc_reduce_partials_and_rmsnorm_fwd,
+)
+from .norm_fn_parallel import (
+    mhc_fn_normw_merge_bwd_parallel,
+    mhc_fn_normw_merge_fwd_parallel,
+    mhc_reduce_partials_and_rmsnorm_bwd_parallel,
+    mhc_reduce_partials_and_rmsnorm_fwd_parallel,
+)
 from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
 from .pre_split_mixes_parallel import mhc_pre_split_mixes_bwd_parallel, mhc_pre_split_mixes_fwd_parallel
 
@@ -15,4 +27,12 @@ __all__ = [
     "mhc_pre_split_mixes_bwd_parallel",
     "mhc_pre_split_mixes_fwd",
     "mhc_pre_split_mixes_fwd_parallel",
+    "mhc_fn_normw_merge_bwd",
+    "mhc_fn_normw_merge_bwd_parallel",
+    "mhc_fn_normw_merge_fwd",
+    "mhc_fn_normw_merge_fwd_parallel",
+    "mhc_reduce_partials_and_rmsnorm_bwd",
+    "mhc_reduce_partials_and_rmsnorm_bwd_parallel",
+    "mhc_reduce_partials_and_rmsnorm_fwd",
+    "mhc_reduce_partials_and_rmsnorm_fwd_parallel",
 ]

@@ -2,17 +2,33 @@
 
 Each entry is built from the op's declaration (``kernel_op_entry``). Token-major shapes:
 ``(tokens, hidden)`` for the residual ops, ``(tokens,)`` for the mix ops; the stream count is 4.
+The ``norm_fn`` stages take ``(tokens, hidden)`` with ``K = 4 · hidden`` and ``n3 = 24`` mix
+entries (the merge stages use the hidden size only: ``fn`` is ``(24, K)``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from vmi_core.registry import kernel_op_entry
+from vmi_core.registry import Option, kernel_op_entry
 from vmi_core.targets import flavor_argument, resolve_flavor
 from vmi_core.testing import generator
 
 from .inputs import MHC_MULT, mix_width
+from .norm_fn import (
+    MHC_FN_NORMW_MERGE_BWD,
+    MHC_FN_NORMW_MERGE_FWD,
+    MHC_REDUCE_PARTIALS_AND_RMSNORM_BWD,
+    MHC_REDUCE_PARTIALS_AND_RMSNORM_FWD,
+)
+from .norm_fn_parallel import (
+    MergeSpec,
+    ReduceSpec,
+    merge_bwd_source,
+    merge_fwd_source,
+    reduce_bwd_source,
+    reduce_fwd_source,
+)
 from .pre_split_mixes import MHC_PRE_SPLIT_MIXES_BWD, MHC_PRE_SPLIT_MIXES_FWD
 from .pre_split_mixes_parallel import (
     PreSplitMixesSpec,
@@ -75,6 +91,70 @@ def _split_bwd_source(options, target, flavor):
                       pre_split_mixes_bwd_reduce_source(target)))
 
 
+NORM_EPS = 1e-6
+"""The RMS epsilon of the ``norm_fn`` entries (TileKernels' tests use 1e-6)."""
+_MIX = mix_width(MHC_MULT)
+_DEFAULT_SHAPE = (4096, 4096)
+_BENCH_SHAPES = ((8192, 4096), (8192, 7168), (4096, 1280), (16, 7168))
+_NORM_FN_TARGETS = {
+    "cpu": "runs; bit-exact against the reference in both flavors",
+    "ascend": "lowers to AscendC (SIMD vector regions); runs on ascend-sim, not yet on an NPU",
+    "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference (ascend flavor)",
+    "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
+}
+
+
+def _group_size(shape) -> int:
+    return MHC_MULT * shape[1]
+
+
+# --- norm_fn merge (stages A, A') ---
+
+def _merge_inputs(shape, options, seed):
+    g = generator(seed)
+    k = _group_size(shape)
+    return {"fn": torch.randn(_MIX, k, generator=g) * 1e-4, "normw": torch.randn(k, generator=g) * 0.1 + 1,
+            "out_fn_grad": torch.randn(_MIX, k, generator=g), "fn_grad": torch.randn(_MIX, k, generator=g),
+            "normw_grad": torch.randn(k, generator=g)}
+
+
+def _merge_fwd_inputs(shape, options, seed):
+    inputs = _merge_inputs(shape, options, seed)
+    return {"fn": inputs["fn"], "normw": inputs["normw"]}
+
+
+# --- norm_fn reduce (stages C, D) ---
+
+REDUCE_FWD_OPTIONS = (Option("n_splits", 16, tuple(range(1, 65)),
+                             "split-K partials (TileKernels: 16 on CUDA, 1 on Ascend)"),)
+
+
+def _partials(shape, n_splits, seed):
+    """Partials as the prenorm GEMM gives them on unit-variance data with ``fn ~ 1e-2``."""
+    tokens, k = shape[0], _group_size(shape)
+    g = generator(seed)
+    partials = torch.randn(n_splits, tokens, 1, _MIX, generator=g) * (k / n_splits) ** 0.5 * 1e-2
+    sqrsums = (0.5 + torch.rand(n_splits, tokens, 1, generator=g)) * (k / n_splits)
+    return partials, sqrsums
+
+
+def _reduce_fwd_inputs(shape, options, seed):
+    partials, sqrsums = _partials(shape, options["n_splits"], seed)
+    # The hidden size is not in the partials' shapes: the group size comes with them.
+    return {"out_mul_splitted": partials, "sqrsum_splitted": sqrsums, "rms_group_size": _group_size(shape)}
+
+
+def _reduce_bwd_inputs(shape, options, seed):
+    partials, sqrsums = _partials(shape, 1, seed)
+    return {"out_grad": torch.randn(shape[0], _MIX, generator=generator(seed + 1)), "out_mul": partials[0],
+            "sqrsum": sqrsums[0], "rms_group_size": _group_size(shape)}
+
+
+def _reduce_spec(options, target, flavor) -> ReduceSpec:
+    """The specialisation of the default shape's group size."""
+    return ReduceSpec(_MIX, MHC_MULT * _DEFAULT_SHAPE[1], NORM_EPS, _flavor_of(target, flavor))
+
+
 OPS = [
     kernel_op_entry(
         MHC_PRE_SPLIT_MIXES_FWD,
@@ -99,5 +179,52 @@ OPS = [
         targets=_PARALLEL_TARGETS,
         make_inputs=_split_bwd_inputs,
         source=_split_bwd_source,
+    ),
+    kernel_op_entry(
+        MHC_FN_NORMW_MERGE_FWD,
+        family="mhc",
+        summary="norm_fn stage A: merge the RMSNorm weight into the mix projection, fn · normw",
+        default_shape=(1, 7168),
+        bench_shapes=((1, 1280), (1, 4096), (1, 7168)),
+        options=(),
+        targets=_NORM_FN_TARGETS,
+        make_inputs=_merge_fwd_inputs,
+        source=lambda options, target, flavor: merge_fwd_source(MergeSpec(_MIX), target),
+    ),
+    kernel_op_entry(
+        MHC_FN_NORMW_MERGE_BWD,
+        family="mhc",
+        summary="norm_fn stage A': merge backward, accumulated into fn_grad and normw_grad (column-owned, "
+                "fused multiply-adds in row order)",
+        default_shape=(1, 7168),
+        bench_shapes=((1, 1280), (1, 4096), (1, 7168)),
+        options=(),
+        targets=_NORM_FN_TARGETS,
+        make_inputs=_merge_inputs,
+        source=lambda options, target, flavor: merge_bwd_source(MergeSpec(_MIX), target),
+    ),
+    kernel_op_entry(
+        MHC_REDUCE_PARTIALS_AND_RMSNORM_FWD,
+        arguments=lambda inputs, options, flavor: {"rms_eps": NORM_EPS},
+        family="mhc",
+        summary="norm_fn stage C: sum the split-K partials of the prenorm GEMM, RMS scale (per-flavor rsqrt)",
+        default_shape=_DEFAULT_SHAPE,
+        bench_shapes=_BENCH_SHAPES,
+        options=REDUCE_FWD_OPTIONS,
+        targets=_NORM_FN_TARGETS,
+        make_inputs=_reduce_fwd_inputs,
+        source=lambda options, target, flavor: reduce_fwd_source(_reduce_spec(options, target, flavor), target),
+    ),
+    kernel_op_entry(
+        MHC_REDUCE_PARTIALS_AND_RMSNORM_BWD,
+        arguments=lambda inputs, options, flavor: {"rms_eps": NORM_EPS},
+        family="mhc",
+        summary="norm_fn stage D: gradients of the reduced products and square sum from the mixes' gradient",
+        default_shape=_DEFAULT_SHAPE,
+        bench_shapes=_BENCH_SHAPES,
+        options=(),
+        targets=_NORM_FN_TARGETS,
+        make_inputs=_reduce_bwd_inputs,
+        source=lambda options, target, flavor: reduce_bwd_source(_reduce_spec(options, target, flavor), target),
     ),
 ]
