@@ -37,9 +37,10 @@ VARIANTS = {
 CASES = [(name, options) for name in sorted(OPS) for options in [[], *VARIANTS.get(name, [])]]
 
 
-def small_shape(op) -> tuple[int, int]:
-    """Two 128-row chunks; per_block_cast needs multiples of 128."""
-    return 2 * CHUNK_ROWS, min(op.default_shape[1], 256)
+def small_shape(op) -> tuple[int, ...]:
+    """Two 128-row chunks; per_block_cast needs multiples of 128. The trailing sizes (none for
+    ``(tokens,)`` shapes) at most 256."""
+    return 2 * CHUNK_ROWS, *(min(size, 256) for size in op.default_shape[1:])
 
 
 def test_every_op_has_a_baseline_and_every_baseline_an_op():

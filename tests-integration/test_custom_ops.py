@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+import vmi_mhc
 import vmi_moe
 import vmi_quant
 from vmi_core.library import KERNEL_OPS, NAMESPACE
@@ -52,6 +53,7 @@ def _registry_call(name: str):
 X = randn((12, 256), 1, torch.bfloat16)
 XB = randn((128, 256), 2, torch.bfloat16)
 LOGITS = randn((12, 24), 3)
+COMB = randn((12, 4, 4), 4)
 
 
 def _transpose_into_reused_outputs():
@@ -126,6 +128,8 @@ VARIANTS = {
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
+    "mhc_sinkhorn_fwd-out": lambda: vmi_mhc.mhc_sinkhorn_fwd(COMB, torch.empty_like(COMB), 3, 1e-2),
+    "mhc_sinkhorn_bwd-out": lambda: vmi_mhc.mhc_sinkhorn_bwd(COMB.flip(0), COMB, torch.empty_like(COMB), 3, 1e-2),
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

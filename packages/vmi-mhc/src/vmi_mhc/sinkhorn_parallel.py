@@ -35,7 +35,7 @@ from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LaneVar, keep
 from vmi_core.tl.vector import load, phase_barrier, store
 
-from .tl.sinkhorn import ENTRIES, N, columns, divide, rows, sinkhorn, sum4
+from .tl.sinkhorn import ENTRIES, N, divide_by, rows, sinkhorn, sum4, transpose
 
 # Tokens per work tile: one per vector lane.
 BLOCK_T = 64
@@ -52,30 +52,23 @@ class SinkhornSpec:
     flavor: str
 
 
-def _line_indices(by_rows: bool) -> list[list[int]]:
-    """Entry indices of the 4 rows (or columns) of a row-major 4x4 matrix."""
-    entries = list(range(ENTRIES))
-    return rows(entries) if by_rows else columns(entries)
-
-
-def normalization_backward(g: list, a: list, dens: list, by_rows: bool, flavor: str) -> list:
-    """The gradient with respect to ``a`` of ``y = a / (sum(a) + eps)`` over rows or columns, from
-    ``g`` (the gradient of ``y``) and the step's denominators ``dens = sum(a) + eps``:
-    ``(g - u) / den`` with ``u = sum(g * a) / den``, per line."""
-    out = [None] * ENTRIES
-    for line, den in zip(_line_indices(by_rows), dens, strict=True):
-        u = divide(sum4([keep(g[i] * a[i]) for i in line], flavor), den, flavor)
-        for i in line:
-            out[i] = divide(keep(g[i] - u), den, flavor)
+def normalization_backward(g: list, a: list, dens: list, flavor: str) -> list:
+    """The gradient with respect to ``a`` of the row normalisation ``y = a / (rowsum(a) + eps)``,
+    from ``g`` (the gradient of ``y``) and its denominators ``dens``: ``(g - u) / den`` with
+    ``u = rowsum(g * a) / den``, per row."""
+    out = []
+    for g_row, a_row, den in zip(rows(g), rows(a), dens, strict=True):
+        (u,) = divide_by([sum4([keep(gk * ak) for gk, ak in zip(g_row, a_row, strict=True)], flavor)], den, flavor)
+        out += divide_by([keep(gk - u) for gk in g_row], den, flavor)
     return out
 
 
 def softmax_backward(g: list, p: list, flavor: str) -> list:
-    """The gradient of the logits of ``p = softmax(rows)``: ``(g - sum_row(g * p)) * p``."""
+    """The gradient of the logits of ``p = softmax(rows)``: ``(g - rowsum(g * p)) * p``."""
     out = []
-    for line in _line_indices(True):
-        dot = sum4([keep(g[i] * p[i]) for i in line], flavor)
-        out += [keep((g[i] - dot) * p[i]) for i in line]
+    for g_row, p_row in zip(rows(g), rows(p), strict=True):
+        dot = sum4([keep(gk * pk) for gk, pk in zip(g_row, p_row, strict=True)], flavor)
+        out += [keep((gk - dot) * pk) for gk, pk in zip(g_row, p_row, strict=True)]
     return out
 
 
@@ -164,16 +157,16 @@ def build_sinkhorn_backward(spec: SinkhornSpec, target: str):
         if at.vector:
             # The reverse walk loads what the replay stored.
             phase_barrier()
-        state = [LaneVar(at.vector, "float32", at.load(g_tile, e)) for e in range(ENTRIES)]
-        with T.serial(repeat - 1) as q:
-            # Back through the pair of steps 2p + 2 (rows) and 2p + 3 (columns), p = R - 2 - q.
-            col_step = 2 * (repeat - 2 - q) + 3
-            g = [keep(s.get()) for s in state]
-            g = normalization_backward(g, steps.matrix(col_step), steps.dens(col_step), False, flavor)
-            g = normalization_backward(g, steps.matrix(col_step - 1), steps.dens(col_step - 1), True, flavor)
-            for s, v in zip(state, g, strict=True):
+        # The steps back from the last, each on the lines-as-rows orientation of its record (the
+        # output gradient transposed for the last step, a column step), handing the next one the
+        # transposed gradient: after 2R - 1 steps it is upright.
+        state = [LaneVar(at.vector, "float32", v) for v in transpose([at.load(g_tile, e) for e in range(ENTRIES)])]
+        with T.serial(2 * repeat - 1) as q:
+            step = 2 * repeat - 1 - q
+            g = normalization_backward([keep(s.get()) for s in state], steps.matrix(step), steps.dens(step), flavor)
+            for s, v in zip(state, transpose(g), strict=True):
                 s.set(v)
-        g = normalization_backward([keep(s.get()) for s in state], steps.matrix(1), steps.dens(1), False, flavor)
+        g = [keep(s.get()) for s in state]
         # The step-1 input is p + eps: its gradient is the softmax output's.
         grad_logits = softmax_backward(g, steps.matrix(0), flavor)
         for e, v in enumerate(grad_logits):

@@ -33,9 +33,9 @@ def rows(m: list) -> list[list]:
     return [m[N * j:N * j + N] for j in range(N)]
 
 
-def columns(m: list) -> list[list]:
-    """The 4 columns of a 4x4 matrix of lane values."""
-    return [m[k::N] for k in range(N)]
+def transpose(m: list) -> list:
+    """The transposed 4x4 matrix of lane values (no operation: the lane values' order)."""
+    return [m[N * (i % N) + i // N] for i in range(ENTRIES)]
 
 
 def sum4(values: list, flavor: str):
@@ -49,14 +49,16 @@ def sum4(values: list, flavor: str):
 def _flush_subnormal(x):
     """A subnormal fp32 scalar as the zero of its sign."""
     x = keep(x)
-    return select(F.abs_bits(x) < F.u32(_MIN_NORMAL_BITS), F.f32_from_bits(F.f32_bits(x) & F.u32(0x80000000)), x)
+    return keep(select(F.abs_bits(x) < F.u32(_MIN_NORMAL_BITS), F.f32_from_bits(F.f32_bits(x) & F.u32(0x80000000)),
+                       x))
 
 
-def divide(num, den, flavor: str):
-    """The flavor's fp32 quotient ``num / den`` (see the module docstring)."""
-    if isinstance(num, Vec) or isinstance(den, Vec) or flavor != "ascend":
-        return keep(num / den)
-    return keep(_flush_subnormal(_flush_subnormal(num) / _flush_subnormal(den)))
+def divide_by(values: list, den, flavor: str) -> list:
+    """The flavor's fp32 quotients ``v / den`` of lane values (see the module docstring)."""
+    if isinstance(den, Vec) or flavor != "ascend":
+        return [keep(v / den) for v in values]
+    den = _flush_subnormal(den)
+    return [_flush_subnormal(_flush_subnormal(v) / den) for v in values]
 
 
 def softmax_rows(logits: list, flavor: str) -> list:
@@ -65,48 +67,39 @@ def softmax_rows(logits: list, flavor: str) -> list:
     for row in rows(logits):
         peak = keep(maximum(maximum(row[0], row[1]), maximum(row[2], row[3])))
         e = [keep(exp(x - peak)) for x in row]
-        total = sum4(e, flavor)
-        out += [divide(v, total, flavor) for v in e]
+        out += divide_by(e, sum4(e, flavor), flavor)
     return out
 
 
 def normalize_rows(m: list, eps, flavor: str) -> tuple[list, list]:
-    """``(m / (rowsum + eps), the 4 denominators)``."""
+    """``(m / (rowsum + eps), the 4 denominators rowsum + eps)``."""
     dens = [keep(sum4(row, flavor) + eps) for row in rows(m)]
-    return [divide(v, dens[i // N], flavor) for i, v in enumerate(m)], dens
-
-
-def normalize_columns(m: list, eps, flavor: str) -> tuple[list, list]:
-    """``(m / (colsum + eps), the 4 denominators)``."""
-    dens = [keep(sum4(col, flavor) + eps) for col in columns(m)]
-    return [divide(v, dens[i % N], flavor) for i, v in enumerate(m)], dens
+    return [q for row, den in zip(rows(m), dens, strict=True) for q in divide_by(row, den, flavor)], dens
 
 
 def sinkhorn(logits: list, repeat, eps, flavor: str, record=None) -> list:
     """The Sinkhorn projection of one token's 16 logits (lane values), as 16 lane values.
 
-    Softmax over each row, ``+ eps``, a column normalisation, then ``repeat - 1`` times a row
-    and a column normalisation (each ``x / (sum + eps)``). ``repeat`` (>= 1) may be a runtime
-    value. ``record(step, matrix, denominators)``, when given, sees every normalisation's input
-    and denominators (step ``2R - 1`` the last; step 0 the softmax, without denominators): the
-    backward's replay (spec §3.9.3).
+    Softmax over each row, ``+ eps``, then ``2 * repeat - 1`` sum normalisations ``x / (sum +
+    eps)``, of the columns first, then alternately the rows and the columns. ``repeat`` (>= 1)
+    may be a runtime value. ``record(step, matrix, denominators)``, when given, sees the softmax
+    output as step 0 (denominators None), then every normalisation's input and denominators
+    (steps 1 to ``2R - 1``), the matrix transposed for the column steps (odd ``step``) so that
+    the normalised lines are its rows: the backward's replay (spec §3.9.3).
     """
     vector = isinstance(logits[0], Vec)
     p = softmax_rows(logits, flavor)
     if record is not None:
         record(0, p, None)
-    a = [keep(v + eps) for v in p]
-    x, dens = normalize_columns(a, eps, flavor)
-    if record is not None:
-        record(1, a, dens)
-    state = [LaneVar(vector, "float32", v) for v in x]
-    with T.serial(repeat - 1) as q:
+    # Every step normalises the rows of its input and hands the next step the transposed
+    # quotients, so one loop body does both kinds; the first (a column step) takes the
+    # transposed matrix, and after an odd number of steps the result is upright again.
+    state = [LaneVar(vector, "float32", v) for v in transpose([keep(v + eps) for v in p])]
+    with T.serial(2 * repeat - 1) as step:
         m = [keep(s.get()) for s in state]
-        by_rows, row_dens = normalize_rows(m, eps, flavor)
-        by_cols, col_dens = normalize_columns(by_rows, eps, flavor)
+        quotients, dens = normalize_rows(m, eps, flavor)
         if record is not None:
-            record(2 * q + 2, m, row_dens)
-            record(2 * q + 3, by_rows, col_dens)
-        for s, v in zip(state, by_cols, strict=True):
+            record(step + 1, m, dens)
+        for s, v in zip(state, transpose(quotients), strict=True):
             s.set(v)
     return [s.get() for s in state]
