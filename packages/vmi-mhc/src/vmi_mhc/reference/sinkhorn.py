@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import torch
 
-from vmi_core.formats import f32_bits, f32_from_bits
 from vmi_core.fp32 import exp
 from vmi_core.targets import Flavor, get_flavor
 
-_SIGN = -0x80000000  # bit 31 as an int32 mask
-_MIN_NORMAL_BITS = 0x00800000
+_MIN_NORMAL = torch.finfo(torch.float32).tiny
 
 
 def _flush_subnormal(t: torch.Tensor) -> torch.Tensor:
-    bits = f32_bits(t)
-    return f32_from_bits(torch.where((bits & 0x7FFFFFFF) < _MIN_NORMAL_BITS, bits & _SIGN, bits))
+    """Subnormal values as the zero of their sign (``t * 0``; NaN compares false and stays)."""
+    return torch.where(t.abs() < _MIN_NORMAL, t * 0.0, t)
 
 
 def divide(numerator: torch.Tensor, denominator: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
