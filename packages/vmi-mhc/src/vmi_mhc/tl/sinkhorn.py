@@ -88,7 +88,7 @@ def sinkhorn(logits: list, repeat, eps, flavor: str, record=None) -> list:
     the normalised lines are its rows: the backward's replay (spec §3.9.3).
     """
     vector = isinstance(logits[0], Vec)
-    p = softmax_rows(logits, flavor)
+    p = softmax_rows([keep(v) for v in logits], flavor)
     if record is not None:
         record(0, p, None)
     # Every step normalises the rows of its input and hands the next step the transposed
