@@ -7,8 +7,9 @@ the flavor's tree, a correctly rounded exp, the flavor's division), so there is 
 Independently of the reference: the spec's worked examples, the large same-sign logits case
 (spec §3.9.5), the flavors' subnormal quotients, the NaN/Inf policy, the float64 recompute backward
 checked against autograd and by gradcheck. ``repeat`` and ``eps`` are kernel arguments, so the
-default run compiles one forward and one backward kernel per flavor (cpu) and one of each on
-ascend-sim; token counts cover 0, 1 and a 64-token tile with a tail.
+default run compiles one forward and one backward kernel per flavor (cpu) and the backward on
+ascend-sim (the forward's there in the slow run); token counts cover 0, 1 and a 64-token tile with
+a tail.
 """
 
 import pytest
@@ -57,13 +58,27 @@ def check_against_reference(logits, grad, repeat, eps, flavor, target, what):
     return out, grad_input
 
 
-@pytest.mark.parametrize(("flavor", "target"), CPU + SIM)
+@pytest.mark.parametrize(("flavor", "target"), CPU + [pytest.param(*SIM[0], marks=pytest.mark.slow)])
 def test_matches_reference(flavor: str, target: str) -> None:
     for seed, num_tokens in enumerate(TOKENS):
         for repeat, eps in SETTINGS:
             logits, grad = matrices(num_tokens, seed)
             check_against_reference(logits, grad, repeat, eps, flavor, target,
                                     f"T={num_tokens} repeat={repeat} eps={eps}")
+
+
+@pytest.mark.parametrize(("flavor", "target"), SIM)
+def test_ascend_sim_backward(flavor: str, target: str) -> None:
+    """The default run's ascend-sim case: the backward kernel, whose replay runs the forward's 4x4
+    chain (``vmi_mhc.tl.sinkhorn``, the same code as the forward kernel's) on the simulator too.
+    The forward kernel's own build joins it in the slow run (``test_matches_reference``): each
+    simulator build is a C++ compile of the whole emitted kernel."""
+    for seed, num_tokens in enumerate(TOKENS):
+        for repeat, eps in SETTINGS:
+            logits, grad = matrices(num_tokens, seed)
+            grad_input = mhc_sinkhorn_bwd(grad, logits, None, repeat, eps, target=target)
+            assert_bitwise_equal(grad_input, reference.sinkhorn_backward(grad, logits, repeat, eps, flavor),
+                                 f"T={num_tokens} repeat={repeat} eps={eps}")
 
 
 # Bounds against float64 (measured on 8192 tokens of randn and 4 * randn logits: forward at most
