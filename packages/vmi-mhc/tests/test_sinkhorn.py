@@ -67,18 +67,48 @@ def test_matches_reference(flavor: str, target: str) -> None:
                                     f"T={num_tokens} repeat={repeat} eps={eps}")
 
 
+# Tokens whose backward divides values below 2^-100 (probabilities of about e^-70): there the
+# Ascend vector division's residual check (TileLang's vdiv_0ulp_ftz_true) sees underflowing
+# residuals and moves some quotients by an ulp from the flushed, correctly rounded quotient.
+UNDERFLOW_LOGITS = torch.tensor([[[80, 9, 50, -60], [-5, 67, 81, 62], [79, 26, 59, 46], [80, 1, 82, -26]],
+                                 [[12, -2, -74, -31], [45, -39, 8, -62], [-29, -86, -23, -53], [85, 60, 35, 83]]],
+                                dtype=torch.float32)
+UNDERFLOW_GRAD = torch.tensor([[[7, -7, 8, 3], [4, -7, -8, 8], [-7, 7, 7, 7], [2, 8, -4, 6]],
+                               [[-4, 8, 3, 0], [-7, 0, -2, 2], [5, -5, 0, 1], [-8, -8, 4, 3]]],
+                              dtype=torch.float32) / 4
+
+
+def test_ascend_division_with_underflowing_residuals(monkeypatch) -> None:
+    """The ascend flavor models the vector division's residual check (the cuda flavor is IEEE): on
+    these tokens it changes the gradient's bits, and the cpu kernel gives the reference's."""
+    expected = reference.sinkhorn_backward(UNDERFLOW_GRAD, UNDERFLOW_LOGITS, 10, 1e-6, "ascend")
+    grad_input = mhc_sinkhorn_bwd(UNDERFLOW_GRAD, UNDERFLOW_LOGITS, None, 10, 1e-6, target="cpu", flavor="ascend")
+    assert_bitwise_equal(grad_input, expected, "ascend flavor")
+
+    def flushed_quotient(numerator, denominator, flavor):
+        flush = reference._flush_subnormal
+        return flush(flush(numerator) / flush(denominator))
+
+    monkeypatch.setattr(reference, "divide", flushed_quotient)
+    without_check = reference.sinkhorn_backward(UNDERFLOW_GRAD, UNDERFLOW_LOGITS, 10, 1e-6, "ascend")
+    changed = (without_check.view(torch.int32) != expected.view(torch.int32)).flatten(1).any(dim=1)
+    assert bool(changed.all()), "the tokens no longer exercise the residual check"
+    assert bool(((without_check - expected).abs() <= expected.abs() * 2**-23).all())
+
+
 @pytest.mark.parametrize(("flavor", "target"), SIM)
 def test_ascend_sim_backward(flavor: str, target: str) -> None:
     """The default run's ascend-sim case: the backward kernel, whose replay runs the forward's 4x4
     chain (``vmi_mhc.tl.sinkhorn``, the same code as the forward kernel's) on the simulator too.
     The forward kernel's own build joins it in the slow run (``test_matches_reference``): each
-    simulator build is a C++ compile of the whole emitted kernel."""
-    for seed, num_tokens in enumerate(TOKENS):
-        for repeat, eps in SETTINGS:
-            logits, grad = matrices(num_tokens, seed)
-            grad_input = mhc_sinkhorn_bwd(grad, logits, None, repeat, eps, target=target)
-            assert_bitwise_equal(grad_input, reference.sinkhorn_backward(grad, logits, repeat, eps, flavor),
-                                 f"T={num_tokens} repeat={repeat} eps={eps}")
+    simulator build is a C++ compile of the whole emitted kernel. With the tokens whose divisions
+    take the residual check's other branch."""
+    cases = [(matrices(num_tokens, seed), repeat, eps) for seed, num_tokens in enumerate(TOKENS)
+             for repeat, eps in SETTINGS]
+    for (logits, grad), repeat, eps in [*cases, ((UNDERFLOW_LOGITS, UNDERFLOW_GRAD), 10, 1e-6)]:
+        grad_input = mhc_sinkhorn_bwd(grad, logits, None, repeat, eps, target=target)
+        assert_bitwise_equal(grad_input, reference.sinkhorn_backward(grad, logits, repeat, eps, flavor),
+                             f"T={logits.shape[0]} repeat={repeat} eps={eps}")
 
 
 # Bounds against float64 (measured on 8192 tokens of randn and 4 * randn logits: forward at most

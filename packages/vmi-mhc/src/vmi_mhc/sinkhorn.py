@@ -151,8 +151,9 @@ def mhc_sinkhorn_fwd(comb_res_mix: torch.Tensor, comb_res_mix_out: torch.Tensor 
     ``eps`` is used as ``fp32(eps)``): the sums of the 4 entries of a row or column are pairwise
     ``(a0 + a1) + (a2 + a3)`` in the ``ascend`` flavor (the vector unit's group add) and left to
     right ``((a0 + a1) + a2) + a3`` in the ``cuda`` flavor; ``exp(x - rowmax)`` is correctly
-    rounded; divisions are IEEE (``cuda``) or flush subnormal operands and quotients to signed
-    zero (``ascend``, as the Ascend vector division does).
+    rounded; divisions are IEEE (``cuda``) or the Ascend vector division (``ascend``: subnormal
+    operands and quotients flushed to signed zero, and TileLang's residual check, which moves a
+    quotient below about 2^-100 by an ulp where the residuals underflow).
 
     Non-finite logits propagate as in IEEE arithmetic: a ``-inf`` logit gets probability 0 (unless
     its whole row is ``-inf``); a NaN, a ``+inf`` or a row of ``-inf`` makes the token's whole
@@ -207,8 +208,9 @@ def mhc_sinkhorn_bwd(grad_output: torch.Tensor, x: torch.Tensor, grad_input: tor
     ``eps`` is used as ``fp32(eps)``): the sums of the 4 entries of a row or column are pairwise
     ``(a0 + a1) + (a2 + a3)`` in the ``ascend`` flavor (the vector unit's group add) and left to
     right ``((a0 + a1) + a2) + a3`` in the ``cuda`` flavor; ``exp(x - rowmax)`` is correctly
-    rounded; divisions are IEEE (``cuda``) or flush subnormal operands and quotients to signed
-    zero (``ascend``, as the Ascend vector division does).
+    rounded; divisions are IEEE (``cuda``) or the Ascend vector division (``ascend``: subnormal
+    operands and quotients flushed to signed zero, and TileLang's residual check, which moves a
+    quotient below about 2^-100 by an ulp where the residuals underflow).
 
     Non-finite values propagate as in IEEE arithmetic: a token whose forward is NaN (see
     ``mhc_sinkhorn_fwd``) or whose ``grad_output`` holds a NaN or an infinity gets NaN or

@@ -4,16 +4,17 @@ evaluations of the exact formula for measuring errors.
 The fp32 functions evaluate the spec's formulas step by step, each step one fp32 operation with
 its own rounding, in the flavor's conventions: sums of the 4 entries of a row or column pairwise
 ``(a0 + a1) + (a2 + a3)`` (``ascend``) or left to right (``cuda``); ``exp`` correctly rounded
-(``vmi_core.fp32.exp``); division IEEE (``cuda``) or with subnormal operands and quotients
-flushed to signed zero (``ascend``, the vector unit's division). Matrices are ``(T, n, n)``:
-rows along the last axis, columns along the second-to-last.
+(``vmi_core.fp32.exp``); division IEEE (``cuda``) or the Ascend vector division (``ascend``:
+subnormal operands and quotients flushed to signed zero, and the quotient moved by an ulp where
+the residual check of TileLang's ``vdiv_0ulp_ftz_true`` sees underflowing residuals). Matrices
+are ``(T, n, n)``: rows along the last axis, columns along the second-to-last.
 """
 
 from __future__ import annotations
 
 import torch
 
-from vmi_core.fp32 import exp
+from vmi_core.fp32 import exp, fma
 from vmi_core.targets import Flavor, get_flavor
 
 _MIN_NORMAL = torch.finfo(torch.float32).tiny
@@ -24,10 +25,29 @@ def _flush_subnormal(t: torch.Tensor) -> torch.Tensor:
     return torch.where(t.abs() < _MIN_NORMAL, t * 0.0, t)
 
 
+def _ascend_vector_quotient(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """The Ascend fp32 vector division (TileLang's ``vdiv_0ulp_ftz_true``): the instruction's
+    quotient ``q`` (subnormal operands and result flushed to signed zero, correctly rounded), then
+    its neighbour below or above by bit pattern where that one's residual ``|fma(q', -d, n)|`` is
+    smaller (below: also where equal). Only where the residuals underflow (quotients below about
+    2^-100) does this move a correctly rounded quotient. Zeros, infinities and NaN stay."""
+    numerator, denominator = torch.broadcast_tensors(numerator, denominator)
+    q = _flush_subnormal(_flush_subnormal(numerator) / _flush_subnormal(denominator))
+    bits = q.view(torch.int32)
+    below, above = (bits - 1).view(torch.float32), (bits + 1).view(torch.float32)
+    neg = -denominator
+    residual, residual_below = fma(q, neg, numerator).abs(), fma(below, neg, numerator).abs()
+    keep_q = residual < residual_below
+    best = torch.where(keep_q, residual, residual_below)
+    pick = torch.where(keep_q, q, below)
+    pick = torch.where(fma(above, neg, numerator).abs() < best, above, pick)
+    return torch.where((q == 0) | q.isinf() | q.isnan(), q, pick)
+
+
 def divide(numerator: torch.Tensor, denominator: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
-    """The flavor's fp32 quotient (``ascend``: subnormal operands and quotient flushed to signed zero)."""
+    """The flavor's fp32 quotient: IEEE (``cuda``) or the Ascend vector division (``ascend``)."""
     if get_flavor(flavor).name == "ascend":
-        return _flush_subnormal(_flush_subnormal(numerator) / _flush_subnormal(denominator))
+        return _ascend_vector_quotient(numerator, denominator)
     return numerator / denominator
 
 
