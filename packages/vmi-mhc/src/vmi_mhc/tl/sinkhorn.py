@@ -37,7 +37,7 @@ def rows(m: list) -> list[list]:
 
 
 def transpose(m: list) -> list:
-    """The transposed 4x4 matrix of lane values (no operation: the lane values' order)."""
+    """The transposed 4x4 matrix of lane values (no instruction: the lane values reordered)."""
     return [m[N * (i % N) + i // N] for i in range(ENTRIES)]
 
 
