@@ -284,8 +284,8 @@ def test_float64_recompute_backward_is_the_gradient() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("flavor", "target"), CPU)
 def test_matches_reference_full(flavor: str, target: str) -> None:
-    for seed, num_tokens in enumerate([BLOCK_T - 1, BLOCK_T, 4096, 8192 + 37]):
-        for repeat in range(1, MAX_BACKWARD_REPEAT + 1, 3):
+    for seed, num_tokens in enumerate([BLOCK_T - 1, BLOCK_T, 4096 + 37]):
+        for repeat in range(1, MAX_BACKWARD_REPEAT + 1, 5):
             logits, grad = matrices(num_tokens, 100 + seed, 1.0 + seed)
             check_against_reference(logits, grad, repeat, 1e-6 * seed, flavor, target, f"T={num_tokens} R={repeat}")
 
