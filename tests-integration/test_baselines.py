@@ -38,7 +38,8 @@ CASES = [(name, options) for name in sorted(OPS) for options in [[], *VARIANTS.g
 
 
 def small_shape(op) -> tuple[int, ...]:
-    """Two 128-row chunks (and at most 256 columns); per_block_cast needs multiples of 128."""
+    """Two 128-row chunks; per_block_cast needs multiples of 128. The trailing sizes (none for
+    ``(tokens,)`` shapes) at most 256."""
     return 2 * CHUNK_ROWS, *(min(size, 256) for size in op.default_shape[1:])
 
 

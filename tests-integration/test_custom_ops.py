@@ -54,6 +54,7 @@ X = randn((12, 256), 1, torch.bfloat16)
 XB = randn((128, 256), 2, torch.bfloat16)
 LOGITS = randn((12, 24), 3)
 MIX_SCALE, MIX_BASE = randn((3,), 10), randn((24,), 11)
+COMB = randn((12, 4, 4), 4)
 
 
 def _transpose_into_reused_outputs():
@@ -150,6 +151,8 @@ VARIANTS = {
     "moe_topk_gate_autograd": _gate_with_autograd,
     "mhc_pre_split_mixes-out": _split_mixes_into_outputs,
     "mhc_norm_fn-out": _norm_fn_stages_into_given_outputs,
+    "mhc_sinkhorn_fwd-out": lambda: vmi_mhc.mhc_sinkhorn_fwd(COMB, torch.empty_like(COMB), 3, 1e-2),
+    "mhc_sinkhorn_bwd-out": lambda: vmi_mhc.mhc_sinkhorn_bwd(COMB.flip(0), COMB, torch.empty_like(COMB), 3, 1e-2),
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

@@ -19,6 +19,8 @@ from .norm_fn_parallel import (
 )
 from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
 from .pre_split_mixes_parallel import mhc_pre_split_mixes_bwd_parallel, mhc_pre_split_mixes_fwd_parallel
+from .sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
+from .sinkhorn_parallel import mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd_parallel
 
 __version__ = "0.1.0"
 
@@ -35,4 +37,8 @@ __all__ = [
     "mhc_reduce_partials_and_rmsnorm_bwd_parallel",
     "mhc_reduce_partials_and_rmsnorm_fwd",
     "mhc_reduce_partials_and_rmsnorm_fwd_parallel",
+    "mhc_sinkhorn_bwd",
+    "mhc_sinkhorn_bwd_parallel",
+    "mhc_sinkhorn_fwd",
+    "mhc_sinkhorn_fwd_parallel",
 ]

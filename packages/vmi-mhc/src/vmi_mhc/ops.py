@@ -4,6 +4,8 @@ Each entry is built from the op's declaration (``kernel_op_entry``). Token-major
 ``(tokens, hidden)`` for the residual ops, ``(tokens,)`` for the mix ops; the stream count is 4.
 The ``norm_fn`` stages take ``(tokens, hidden)`` with ``K = 4 · hidden`` and ``n3 = 24`` mix
 entries (the merge stages use the hidden size only: ``fn`` is ``(24, K)``).
+``mhc_sinkhorn_fwd`` and ``mhc_sinkhorn_bwd`` are checked bit for bit (kernel and reference share
+the flavor's fp32 chain).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from .pre_split_mixes_parallel import (
     pre_split_mixes_fwd_source,
 )
 from .reference import pre_split_mixes as split_reference
+from .sinkhorn import MHC_SINKHORN_BWD, MHC_SINKHORN_FWD
+from .sinkhorn_parallel import SinkhornSpec, sinkhorn_backward_source, sinkhorn_forward_source
 
-_PARALLEL_TARGETS = {
+_SPLIT_TARGETS = {
     "cpu": "runs; checked against the reference in both flavors",
     "ascend": "lowers to AscendC (SIMD vector regions; SIMT for the backward's final stores); runs on "
               "ascend-sim, not yet on an NPU",
@@ -153,6 +157,43 @@ def _reduce_bwd_inputs(shape, options, seed):
 def _reduce_spec(options, target, flavor) -> ReduceSpec:
     """The specialisation of the default shape's group size."""
     return ReduceSpec(_MIX, MHC_MULT * _DEFAULT_SHAPE[1], NORM_EPS, _flavor_of(target, flavor))
+_SINKHORN_TARGETS = {
+    "cpu": "runs; checked against the reference in both flavors",
+    "ascend": "lowers to AscendC (SIMD vector regions); runs on ascend-sim, not yet on an NPU",
+    "ascend-sim": "runs the ascend source on the CPU model; checked against the reference (ascend flavor)",
+    "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
+}
+
+# --- sinkhorn ---
+
+SINKHORN_OPTIONS = (
+    Option("repeat", 10, help="Sinkhorn iterations (the backward takes 1 to 16)"),
+    Option("eps", "1e-6", help="added after the softmax and to every denominator"),
+)
+# Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
+_SINKHORN_SHAPES = ((65536,), (8192,), (512,), (1,), (4,), (16,))
+
+
+def _sinkhorn_arguments(inputs, options, flavor):
+    return {"eps": float(options["eps"])}
+
+
+def _sinkhorn_forward_inputs(shape, options, seed):
+    return {"comb_res_mix": torch.randn(shape[0], MHC_MULT, MHC_MULT, generator=generator(seed))}
+
+
+def _sinkhorn_backward_inputs(shape, options, seed):
+    g = generator(seed)
+    return {"grad_output": torch.randn(shape[0], MHC_MULT, MHC_MULT, generator=g),
+            "x": torch.randn(shape[0], MHC_MULT, MHC_MULT, generator=g)}
+
+
+def _sinkhorn_forward_source(options, target, flavor):
+    return sinkhorn_forward_source(SinkhornSpec(_flavor_of(target, flavor)), target)
+
+
+def _sinkhorn_backward_source(options, target, flavor):
+    return sinkhorn_backward_source(SinkhornSpec(_flavor_of(target, flavor)), target)
 
 
 OPS = [
@@ -164,7 +205,7 @@ OPS = [
         default_shape=(8192,),
         bench_shapes=_MIX_SHAPES,
         options=(),
-        targets=_PARALLEL_TARGETS,
+        targets=_SPLIT_TARGETS,
         make_inputs=_split_fwd_inputs,
         source=_split_fwd_source,
     ),
@@ -176,7 +217,7 @@ OPS = [
         default_shape=(8192,),
         bench_shapes=_MIX_SHAPES,
         options=(),
-        targets=_PARALLEL_TARGETS,
+        targets=_SPLIT_TARGETS,
         make_inputs=_split_bwd_inputs,
         source=_split_bwd_source,
     ),
@@ -226,5 +267,29 @@ OPS = [
         targets=_NORM_FN_TARGETS,
         make_inputs=_reduce_bwd_inputs,
         source=lambda options, target, flavor: reduce_bwd_source(_reduce_spec(options, target, flavor), target),
+    ),
+    kernel_op_entry(
+        MHC_SINKHORN_FWD,
+        arguments=_sinkhorn_arguments,
+        family="mhc",
+        summary="Sinkhorn projection of the 4x4 comb logits onto (near) doubly-stochastic matrices",
+        default_shape=(8192,),
+        bench_shapes=_SINKHORN_SHAPES,
+        options=SINKHORN_OPTIONS,
+        targets=_SINKHORN_TARGETS,
+        make_inputs=_sinkhorn_forward_inputs,
+        source=_sinkhorn_forward_source,
+    ),
+    kernel_op_entry(
+        MHC_SINKHORN_BWD,
+        arguments=_sinkhorn_arguments,
+        family="mhc",
+        summary="gradient of the Sinkhorn projection w.r.t. the comb logits, by recomputing the forward",
+        default_shape=(8192,),
+        bench_shapes=_SINKHORN_SHAPES,
+        options=SINKHORN_OPTIONS,
+        targets=_SINKHORN_TARGETS,
+        make_inputs=_sinkhorn_backward_inputs,
+        source=_sinkhorn_backward_source,
     ),
 ]

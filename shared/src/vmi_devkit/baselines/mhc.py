@@ -47,7 +47,6 @@ def mhc_pre_split_mixes_bwd_baseline(op, options):
                     same_bits=False, chunks=False)
 
 
-
 # --- norm_fn ---
 
 def fn_normw_merge_fwd_baseline(op, options):
@@ -84,6 +83,48 @@ def reduce_partials_and_rmsnorm_bwd_baseline(op, options):
                     chunks=False)
 
 
+def _sinkhorn_steps(logits, repeat: int, eps: float):
+    """torch's softmax and sums (its own order and exp): the output and every step's input and
+    denominator."""
+    p = torch.softmax(logits, dim=-1)
+    inputs, dens = [p], [None]
+    x = p + eps
+    for step in range(1, 2 * repeat):
+        den = x.sum(dim=-2 if step % 2 else -1, keepdim=True) + eps
+        inputs.append(x)
+        dens.append(den)
+        x = x / den
+    return x, inputs, dens
+
+
+def mhc_sinkhorn_fwd_baseline(op, options):
+    repeat, eps = options["repeat"], float(options["eps"])
+
+    def run(inputs, flavor, rows):
+        x = inputs["comb_res_mix"]
+        return (in_row_chunks(lambda a, b: _sinkhorn_steps(x[a:b], repeat, eps)[0], x.shape[0], rows),)
+    return Baseline(run, "torch ops in fp32: softmax, then x / (x.sum(dim) + eps) alternating columns and rows",
+                    same_bits=False)
+
+
+def mhc_sinkhorn_bwd_baseline(op, options):
+    repeat, eps = options["repeat"], float(options["eps"])
+
+    def one(grad, logits):
+        _, inputs, dens = _sinkhorn_steps(logits, repeat, eps)
+        for step in range(2 * repeat - 1, 0, -1):
+            dim = -2 if step % 2 else -1
+            grad = (grad - (grad * inputs[step]).sum(dim=dim, keepdim=True) / dens[step]) / dens[step]
+        p = inputs[0]
+        return (grad - (grad * p).sum(dim=-1, keepdim=True)) * p
+
+    def run(inputs, flavor, rows):
+        g, x = inputs["grad_output"], inputs["x"]
+        return (in_row_chunks(lambda a, b: one(g[a:b], x[a:b]), x.shape[0], rows),)
+    return Baseline(run, "torch ops in fp32: the forward's steps recomputed with softmax and sums, then walked "
+                         "back", same_bits=False)
+
+
 BASELINES = {
     "mhc_pre_split_mixes_fwd": mhc_pre_split_mixes_fwd_baseline,
     "mhc_pre_split_mixes_bwd": mhc_pre_split_mixes_bwd_baseline,
@@ -91,4 +132,6 @@ BASELINES = {
     "mhc_fn_normw_merge_bwd": fn_normw_merge_bwd_baseline,
     "mhc_reduce_partials_and_rmsnorm_fwd": reduce_partials_and_rmsnorm_fwd_baseline,
     "mhc_reduce_partials_and_rmsnorm_bwd": reduce_partials_and_rmsnorm_bwd_baseline,
+    "mhc_sinkhorn_fwd": mhc_sinkhorn_fwd_baseline,
+    "mhc_sinkhorn_bwd": mhc_sinkhorn_bwd_baseline,
 }

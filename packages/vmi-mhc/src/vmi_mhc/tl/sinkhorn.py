@@ -1,0 +1,133 @@
+"""The 4x4 Sinkhorn chain of the comb mix, per flavor, on lane values (kernel side).
+
+One token's ``n x n`` logits are 16 lane values in row-major order (entry ``(j, k)`` at
+``4 j + k``): fp32 scalars in a ``T.Parallel`` lane, or ``vmi_core.tl.simd.Vec`` registers of
+64 tokens (one token per lane) in an Ascend SIMD region. ``sinkhorn`` is the forward that
+``sinkhorn`` kernels and the fused ``pre_big_fuse`` run, so both give the same bits; the
+backward kernel replays it through ``record``.
+
+Per flavor (spec §3.9.2, §5.1):
+
+* sums of a row or column of 4: ``ascend`` pairwise ``(a0 + a1) + (a2 + a3)`` (the vector
+  unit's group add), ``cuda`` sequential ``((a0 + a1) + a2) + a3`` (a register loop);
+* divisions: ``cuda`` IEEE; ``ascend`` the Ascend vector division (TileLang's default
+  ``vdiv_0ulp_ftz_true``: the division instruction, which flushes subnormal operands and
+  quotients to signed zero, and a residual check of the quotient's neighbours, which moves it by
+  an ulp where the residuals underflow); the vector form is that division, scalar code models it;
+* ``exp(x - rowmax)``: correctly rounded (``vmi_core.tl.simd.exp``); the max of 4 is
+  order-free.
+"""
+
+from __future__ import annotations
+
+import tilelang.language as T
+
+from vmi_core.tl import formats as F
+from vmi_core.tl.simd import LaneVar, Vec, absolute, exp, fma, keep, maximum, select
+
+N = 4
+ENTRIES = N * N
+_MIN_NORMAL_BITS = 0x00800000
+_NEG_INF_BITS = 0xFF800000
+
+
+def rows(m: list) -> list[list]:
+    """The 4 rows of a 4x4 matrix of lane values (row-major list of 16)."""
+    return [m[N * j:N * j + N] for j in range(N)]
+
+
+def transpose(m: list) -> list:
+    """The transposed 4x4 matrix of lane values (no instruction: the lane values reordered)."""
+    return [m[N * (i % N) + i // N] for i in range(ENTRIES)]
+
+
+def sum4(values: list, flavor: str):
+    """The fp32 sum of 4 lane values in the flavor's tree."""
+    a0, a1, a2, a3 = values
+    if flavor == "ascend":
+        return keep((a0 + a1) + (a2 + a3))
+    return keep(((a0 + a1) + a2) + a3)
+
+
+def _flush_subnormal(x):
+    """A subnormal fp32 scalar as the zero of its sign."""
+    x = keep(x)
+    return keep(select(F.abs_bits(x) < F.u32(_MIN_NORMAL_BITS), F.f32_from_bits(F.f32_bits(x) & F.u32(0x80000000)),
+                       x))
+
+
+def _ascend_quotient(num, den, flushed_den):
+    """The Ascend fp32 vector division as scalar code: TileLang's ``vdiv_0ulp_ftz_true``, the
+    instruction's quotient (subnormal operands and result flushed to signed zero, correctly
+    rounded), then its neighbour below or above (by bit pattern) where that one's residual
+    ``|fma(q', -den, num)|`` is smaller (the one below also where it is equal): the wrapper's
+    correction of an instruction that may be an ulp off, which moves a correctly rounded quotient
+    only when the residuals underflow (quotients below about 2^-100). Zeros, infinities and NaN
+    stay."""
+    num = keep(num)
+    q = _flush_subnormal(_flush_subnormal(num) / flushed_den)
+    bits = keep(F.f32_bits(q))
+    below = keep(F.f32_from_bits(bits - F.u32(1)))
+    above = keep(F.f32_from_bits(bits + F.u32(1)))
+    neg_den = keep(-den)
+    residual = keep(absolute(fma(q, neg_den, num)))
+    residual_below = keep(absolute(fma(below, neg_den, num)))
+    keep_q = keep(residual < residual_below)
+    best = keep(select(keep_q, residual, residual_below))
+    pick = keep(select(keep_q, q, below))
+    pick = keep(select(absolute(fma(above, neg_den, num)) < best, above, pick))
+    special = (q == F.f32_const(0.0)) | ((bits | F.u32(0x80000000)) >= F.u32(_NEG_INF_BITS))
+    return keep(select(special, q, pick))
+
+
+def divide_by(values: list, den, flavor: str) -> list:
+    """The flavor's fp32 quotients ``v / den`` of lane values (see the module docstring)."""
+    if isinstance(den, Vec) or flavor != "ascend":
+        return [keep(v / den) for v in values]
+    den = keep(den)
+    flushed_den = _flush_subnormal(den)
+    return [_ascend_quotient(v, den, flushed_den) for v in values]
+
+
+def softmax_rows(logits: list, flavor: str) -> list:
+    """``exp(x - rowmax) / rowsum`` per row."""
+    out = []
+    for row in rows(logits):
+        peak = keep(maximum(maximum(row[0], row[1]), maximum(row[2], row[3])))
+        e = [keep(exp(x - peak)) for x in row]
+        out += divide_by(e, sum4(e, flavor), flavor)
+    return out
+
+
+def normalize_rows(m: list, eps, flavor: str) -> tuple[list, list]:
+    """``(m / (rowsum + eps), the 4 denominators rowsum + eps)``."""
+    dens = [keep(sum4(row, flavor) + eps) for row in rows(m)]
+    return [q for row, den in zip(rows(m), dens, strict=True) for q in divide_by(row, den, flavor)], dens
+
+
+def sinkhorn(logits: list, repeat, eps, flavor: str, record=None) -> list:
+    """The Sinkhorn projection of one token's 16 logits (lane values), as 16 lane values.
+
+    Softmax over each row, ``+ eps``, then ``2 * repeat - 1`` sum normalisations ``x / (sum +
+    eps)``, of the columns first, then alternately the rows and the columns. ``repeat`` (>= 1)
+    may be a runtime value. ``record(step, matrix, denominators)``, when given, sees the softmax
+    output as step 0 (denominators None), then every normalisation's input and denominators
+    (steps 1 to ``2R - 1``), the matrix transposed for the column steps (odd ``step``) so that
+    the normalised lines are its rows: the backward's replay (spec §3.9.3).
+    """
+    vector = isinstance(logits[0], Vec)
+    p = softmax_rows([keep(v) for v in logits], flavor)
+    if record is not None:
+        record(0, p, None)
+    # Every step normalises the rows of its input and hands the next step the transposed
+    # quotients, so one loop body does both kinds; the first (a column step) takes the
+    # transposed matrix, and after an odd number of steps the result is upright again.
+    state = [LaneVar(vector, "float32", v) for v in transpose([keep(v + eps) for v in p])]
+    with T.serial(2 * repeat - 1) as step:
+        m = [keep(s.get()) for s in state]
+        quotients, dens = normalize_rows(m, eps, flavor)
+        if record is not None:
+            record(step + 1, m, dens)
+        for s, v in zip(state, transpose(quotients), strict=True):
+            s.set(v)
+    return [s.get() for s in state]

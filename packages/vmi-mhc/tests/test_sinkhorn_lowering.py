@@ -1,0 +1,61 @@
+"""mhc_sinkhorn_fwd and mhc_sinkhorn_bwd lower for ascend and cuda.
+
+Ascend (ascend flavor, the only one that target runs): each kernel is one SIMD region (64 tokens a
+register, one per lane) and no SIMT region; the 16 entries of the tokens' matrices are gathered from
+UB once each (logits, and in the backward the output gradients) and the results scattered back
+once each; the backward's replay store is written and read as whole registers (16 entries and 4
+denominators per step and the softmax output), with a vector memory barrier between the replay and
+the reverse walk; DMA in and out; persistent scheduling over the vector cores (``block_idx``); the
+normalisations run in a loop over the runtime ``2 * repeat - 1`` steps, not unrolled. CUDA (cuda
+flavor): the source compiles with nvcc for an explicit arch, where nvcc is installed. The default run
+checks the backward's Ascend source and compiles the forward's CUDA source; the slow run the others.
+"""
+
+import pytest
+
+from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_mhc.sinkhorn_parallel import SinkhornSpec, sinkhorn_backward_source, sinkhorn_forward_source
+from vmi_mhc.tl.sinkhorn import ENTRIES, N
+
+# (source, kernel name, (GM->UB, UB->GM) copies, gathered tiles)
+KERNELS = {
+    "forward": (sinkhorn_forward_source, "sinkhorn_forward_kernel", (1, 1), 1),
+    "backward": (sinkhorn_backward_source, "sinkhorn_backward_kernel", (2, 1), 2),
+}
+
+
+# The backward by default (the default ascend-sim case lowers it too, into the same cache entry);
+# the forward in the slow run.
+@pytest.mark.parametrize("direction", [pytest.param("forward", marks=pytest.mark.slow), "backward"])
+def test_ascend_lowering(direction: str) -> None:
+    source, kernel, dma, gathered = KERNELS[direction]
+    src = source(SinkhornSpec("ascend"), "ascend")
+    assert f"__global__ __vector__ void {kernel}" in src
+    assert_vector_regions(src, simd=1, simt=0)
+    assert barriers_in_thread_guards(src) == 0
+    assert dma_counts(src) == dma
+    assert "block_idx" in src
+    assert src.count("vgather2(") == gathered * ENTRIES
+    assert src.count("vscatter(") == ENTRIES
+    assert "((repeat * 2) - 1)" in src
+    if direction == "backward":
+        # The replay stores a step's 16 entries and 4 denominators (and the softmax output once); the
+        # reverse walk loads them back.
+        whole_registers = 2 * ENTRIES + N
+        assert src.count("simd_inst::vsts_norm(") == whole_registers
+        assert src.count("simd_inst::vlds_norm<float>(") == whole_registers
+        last_store, first_load = src.rindex("simd_inst::vsts_norm("), src.index("simd_inst::vlds_norm<float>(")
+        assert last_store < first_load
+        assert "mem_bar(VV_ALL)" in src[last_store:first_load]
+
+
+# The forward by default; the backward (twice the source, half a minute of nvcc) in the slow run.
+@pytest.mark.cuda_compile
+@pytest.mark.parametrize("direction", ["forward", pytest.param("backward", marks=pytest.mark.slow)])
+def test_cuda_lowering_compiles(direction: str) -> None:
+    source, kernel, _, _ = KERNELS[direction]
+    src = source(SinkhornSpec("cuda"), "cuda")
+    assert "__global__ void" in src and kernel in src
+    assert barriers_in_thread_guards(src) == 0
+    nvcc_compile_or_skip(src)
