@@ -10,3 +10,10 @@ from .pre_norm_fn_gemm_parallel import mhc_pre_norm_fn_gemm_bwd_parallel, mhc_pr
 
 __version__ = "0.1.0"
 
+
+__all__ = [
+    "mhc_pre_norm_fn_gemm_bwd",
+    "mhc_pre_norm_fn_gemm_bwd_parallel",
+    "mhc_pre_norm_fn_gemm_fwd",
+    "mhc_pre_norm_fn_gemm_fwd_parallel",
+]

@@ -43,7 +43,8 @@ from vmi_core.formats import bit_view
 from vmi_core.targets import require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, Shell
-from vmi_core.tl.simd import LANES, select
+from vmi_core.tl.simd import LANES, LaneVar, Vec, select
+from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store
 
 from .tl import tf32
 
@@ -55,6 +56,9 @@ BLOCK_T = 32
 BLOCK_K = 256
 # Column chunks of the forward: the largest of these dividing the split width.
 CHUNKS = (256, 128, 64)
+# The GEMM kernels mix Cube and vector code: on Ascend one worker is an AI core (one Cube unit and
+# its two vector cores), and Ascend 950 has 32 (spec §2: ``cube_core_num``).
+ASCEND_AI_CORES = 32
 # Operand kernel tiles.
 SPLIT_ROWS = 8
 SPLIT_COLS = 1024
@@ -94,6 +98,10 @@ class GemmSpec:
         return split_chunk(self.split_width)
 
 
+def _gemm_shell(target: str) -> Shell:
+    return Shell(target, workers=ASCEND_AI_CORES if target == "ascend" else None)
+
+
 def _bf16_dtype(sh: Shell) -> str:
     # The matrix units take real bf16 operands; the C backend has no bf16 type (bit views).
     return "uint16" if sh.is_cpu else "bfloat16"
@@ -112,6 +120,10 @@ def build_tf32_split(spec: Tf32SplitSpec, target: str):
         hi = tf32.split_hi(v)
         return hi, tf32.split_lo(v, hi)
 
+    @T.macro
+    def split_tile(src, hi, lo, col0):
+        sh.elementwise((BR, BC), lambda at: parts(src, col0, at), (hi, lo))
+
     @TK.prim_func
     def tf32_split_kernel(SRC: TK.Tensor((NR, C), "float32"), HI: TK.Tensor((NR, CP), "uint16"),
                           LO: TK.Tensor((NR, CP), "uint16")):
@@ -127,16 +139,30 @@ def build_tf32_split(spec: Tf32SplitSpec, target: str):
                 sh.buffer_versions({src: 2, hi: 2, lo: 2})
                 sh.copy(SRC[row0, col0], src)
                 with sh.vector(SIMD):
-                    sh.elementwise((BR, BC), lambda at: parts(src, col0, at), (hi, lo))
+                    split_tile(src, hi, lo, col0)
                 sh.copy(hi, HI[row0, col0])
                 sh.copy(lo, LO[row0, col0])
 
     return tf32_split_kernel
 
 
+def _decode_bf16(tile, index):
+    """An element of a bf16 tile as fp32: bit math on the C backend's uint16 view, a conversion
+    where the tile is a real bf16 tile (cuda)."""
+    value = tile[index]
+    if str(tile.dtype) == "bfloat16":
+        return T.Cast("float32", value)
+    return F.bf16_to_f32(value)
+
+
+def _shifted(at, offset: int):
+    """The position ``offset`` columns right of ``at`` (a lane element or a 64-lane chunk)."""
+    return ChunkAt(at.head, at.col0 + offset) if at.vector else ElementAt(at.head, at.j + offset)
+
+
 def build_gemm_fwd(spec: GemmSpec, target: str):
     """The forward GEMM + square sums of ``spec`` for ``target``."""
-    sh = Shell(target)
+    sh = _gemm_shell(target)
     TK = sh.T
     K, N3, S, KS, BK, BT = spec.hidden, spec.mix, spec.n_splits, spec.split_width, spec.chunk, BLOCK_T
     bf16 = _bf16_dtype(sh)
@@ -153,64 +179,113 @@ def build_gemm_fwd(spec: GemmSpec, target: str):
                     acc[t, j] = acc[t, j] + F.bf16_to_f32(x[t, k]) * v[k, j]
 
     @T.macro
-    def square_lanes(x, sq_lanes):
-        for t, lane in T.Parallel(BT, LANES):
-            for c in T.serial(BK // LANES):
-                sq_lanes[t, lane] = sq_lanes[t, lane] + F.bf16_to_f32(x[t, c * LANES + lane]) * F.bf16_to_f32(
-                    x[t, c * LANES + lane])
+    def products_matrix_unit(x, hi, lo, acc, first):
+        # v = hi + lo: two bf16 GEMMs of exact products into the fp32 accumulator.
+        T.gemm(x, hi, acc, transpose_B=True, clear_accum=first)
+        T.gemm(x, lo, acc, transpose_B=True)
+
+    def square_lanes(x, sq_lanes, at):
+        # Lane l adds the squares of columns l, l + 64, ... of the chunk in order.
+        running = at.load(sq_lanes)
+        for c in range(BK // LANES):
+            if at.vector:
+                value = decode("bf16", _shifted(at, c * LANES), x)
+            else:
+                value = _decode_bf16(x, (at.i, at.j + c * LANES))
+            running = running + value * value
+        return running
+
+    @T.macro
+    def zero_lanes(sq_lanes):
+        sh.elementwise((BT, LANES), lambda at: Vec.splat(0.0, "float32") if at.vector else T.float32(0), sq_lanes)
+
+    @T.macro
+    def square_chunk(x, sq_lanes):
+        sh.elementwise((BT, LANES), lambda at: square_lanes(x, sq_lanes, at), sq_lanes)
 
     @T.macro
     def fold_lanes(sq_lanes, sq):
-        for t in T.Parallel(BT):
-            folded = T.alloc_local((LANES,), "float32")
-            for lane in T.serial(LANES):
-                folded[lane] = sq_lanes[t, lane]
-            for width in (32, 16, 8, 4, 2, 1):
-                for lane in T.serial(width):
-                    folded[lane] = folded[2 * lane] + folded[2 * lane + 1]
-            sq[t] = folded[0]
+        # One term per lane from +0.0, then the six folds: the lane order of vmi_core.sums.
+        sh.row_sum(sq, (BT, LANES), lambda at: at.load(sq_lanes))
 
     @TK.prim_func
-    def gemm_fwd_kernel(X: TK.Tensor((M, K), bf16), HI: TK.Tensor((N_PAD, K), bf16),
-                        LO: TK.Tensor((N_PAD, K), bf16), OUT: TK.Tensor((S, M, N3), "float32"),
-                        SQ: TK.Tensor((S, M), "float32"), first_block: TK.int32, num_blocks: TK.int32):
+    def gemm_fwd_kernel(X: TK.Tensor((M, K), bf16), XV: TK.Tensor((M, K), "uint16"),
+                        HI: TK.Tensor((N_PAD, K), bf16), LO: TK.Tensor((N_PAD, K), bf16),
+                        OUT: TK.Tensor((S, M, N3), "float32"), SQ: TK.Tensor((S, M), "float32"),
+                        first_block: TK.int32, num_blocks: TK.int32):
         with sh.persistent_kernel() as worker:
             for tb, s in sh.tiles([num_blocks, S], worker):
                 row0 = T.alloc_var("int32")
                 row0 = (first_block + tb) * BT
-                x = sh.tile((BT, BK), bf16)
-                hi = sh.tile((N_PAD, BK), bf16)
-                lo = sh.tile((N_PAD, BK), bf16)
-                v = sh.tile((BK, N_PAD), "float32")
-                acc = sh.tile((BT, N_PAD), "float32")
                 sq_lanes = sh.tile((BT, LANES), "float32")
                 sq = sh.tile((BT,), "float32")
-                for t, j in T.Parallel(BT, N_PAD):
-                    acc[t, j] = T.float32(0)
-                for t, lane in T.Parallel(BT, LANES):
-                    sq_lanes[t, lane] = T.float32(0)
+                if sh.is_ascend:
+                    x_mat = TK.alloc_l1((BT, BK), bf16)
+                    hi = TK.alloc_l1((N_PAD, BK), bf16)
+                    lo = TK.alloc_l1((N_PAD, BK), bf16)
+                    acc = TK.alloc_l0c((BT, N_PAD), "float32")
+                    x = sh.tile((BT, BK), "uint16")
+                elif sh.is_cuda:
+                    x = sh.tile((BT, BK), bf16)
+                    hi = sh.tile((N_PAD, BK), bf16)
+                    lo = sh.tile((N_PAD, BK), bf16)
+                    acc = T.alloc_fragment((BT, N_PAD), "float32")
+                else:
+                    x = sh.tile((BT, BK), bf16)
+                    hi = sh.tile((N_PAD, BK), bf16)
+                    lo = sh.tile((N_PAD, BK), bf16)
+                    v = sh.tile((BK, N_PAD), "float32")
+                    acc = sh.tile((BT, N_PAD), "float32")
+                    for t, j in T.Parallel(BT, N_PAD):
+                        acc[t, j] = T.float32(0)
+                with sh.vector(SIMD):
+                    zero_lanes(sq_lanes)
                 for kc in T.serial(KS // BK):
                     col0 = T.alloc_var("int32")
                     col0 = s * KS + kc * BK
-                    sh.copy(X[row0, col0], x)
-                    sh.copy(HI[0, col0], hi)
-                    sh.copy(LO[0, col0], lo)
-                    products_loop_nest(x, hi, lo, v, acc)
-                    square_lanes(x, sq_lanes)
-                fold_lanes(sq_lanes, sq)
-                sh.copy(acc, OUT[s, row0, 0])
+                    if sh.is_ascend:
+                        T.copy(X[row0, col0], x_mat)
+                        T.copy(HI[0, col0], hi)
+                        T.copy(LO[0, col0], lo)
+                        products_matrix_unit(x_mat, hi, lo, acc, kc == 0)
+                        sh.copy(XV[row0, col0], x)
+                    else:
+                        sh.copy(XV[row0, col0] if sh.is_cpu else X[row0, col0], x)
+                        sh.copy(HI[0, col0], hi)
+                        sh.copy(LO[0, col0], lo)
+                        if sh.is_cuda:
+                            products_matrix_unit(x, hi, lo, acc, kc == 0)
+                        else:
+                            products_loop_nest(x, hi, lo, v, acc)
+                    with sh.vector(SIMD):
+                        square_chunk(x, sq_lanes)
+                with sh.vector(SIMD):
+                    fold_lanes(sq_lanes, sq)
+                if sh.is_cpu:
+                    sh.copy(acc, OUT[s, row0, 0])
+                else:
+                    # Straight from the accumulator (L0C on Ascend, registers on cuda).
+                    T.copy(acc, OUT[s, row0, 0])
                 sh.copy(sq, SQ[s, row0])
 
     return gemm_fwd_kernel
 
 
+def fn_operand_shape(hidden: int, target: str) -> tuple[int, int]:
+    """Layout of the backward's ``fn`` operand: ``(N_PAD, K)``, or ``(K, N_PAD)`` on Ascend, whose
+    L1 GEMM takes its second operand as ``(N, K)`` only (NT form) and here ``N`` runs over ``K``."""
+    return (hidden, N_PAD) if target in ("ascend", "ascend-sim") else (N_PAD, hidden)
+
+
 def build_gemm_bwd(spec: GemmSpec, target: str):
     """The backward GEMMs of ``spec`` for ``target`` (column-owned work items)."""
-    sh = Shell(target)
+    sh = _gemm_shell(target)
     TK = sh.T
     K, N3, BT, BK = spec.hidden, spec.mix, BLOCK_T, BLOCK_K
     bf16 = _bf16_dtype(sh)
     M = TK.dynamic("M")
+    MP = TK.dynamic("MP")
+    FN_SHAPE = fn_operand_shape(K, target)
 
     @T.macro
     def operand_loop_nest(hi, lo, v, rows, cols):
@@ -226,7 +301,38 @@ def build_gemm_bwd(spec: GemmSpec, target: str):
                     fg[j, k] = fg[j, k] + d[t, j] * F.bf16_to_f32(x[t, k])
 
     @T.macro
-    def x_grad_loop_nest(x, xg, d, v, dsq, g, out):
+    def fn_grad_registers(x, d, fg, valid_rows):
+        # The cpu order in 64-column registers: per (j, chunk), tokens ascending; d[t, j] reaches
+        # the lanes by a register gather from the token's row of d.
+        for j in T.serial(N3):
+            for c in T.serial(BK // LANES):
+                running = LaneVar(True, "float32", ChunkAt((j,), c * LANES).load(fg))
+                for t in T.serial(valid_rows):
+                    running.set(running.get() + ChunkAt((), j * LANES).group(d, LANES, row=t)
+                                * decode("bf16", ChunkAt((t,), c * LANES), x))
+                T.evaluate(store(fg[j, c * LANES], running.get()))
+        phase_barrier()
+
+    @T.macro
+    def fn_grad_cuda(x, dhi, dlo, fg, first):
+        # fn_grad += dᵀ·x with d = dhi + dlo. Tail rows of the last token block are zero in d
+        # (the operand buffers are zero-padded to whole blocks), so they add nothing.
+        T.gemm(dhi, x, fg, transpose_A=True, clear_accum=first)
+        T.gemm(dlo, x, fg, transpose_A=True)
+
+    @T.macro
+    def x_grad_products_matrix_unit(dhi, dlo, hi, lo, gx, fn_transposed):
+        # d·v with d = dhi + dlo and v = hi + lo: four bf16 GEMMs of exact products.
+        T.gemm(dhi, hi, gx, transpose_B=fn_transposed, clear_accum=True)
+        T.gemm(dhi, lo, gx, transpose_B=fn_transposed)
+        T.gemm(dlo, hi, gx, transpose_B=fn_transposed)
+        T.gemm(dlo, lo, gx, transpose_B=fn_transposed)
+
+    def x_grad_value(xg, gemm, x, dsq):
+        return F.f32_to_bf16((F.bf16_to_f32(xg) + gemm) + (x + x) * dsq)
+
+    @T.macro
+    def x_grad_loop_nest(x, xg, d, v, dsq, g):
         for t in T.serial(BT):
             for k in T.Parallel(BK):
                 g[k] = T.float32(0)
@@ -234,51 +340,129 @@ def build_gemm_bwd(spec: GemmSpec, target: str):
                 for k in T.Parallel(BK):
                     g[k] = g[k] + d[t, j] * v[j, k]
             for k in T.Parallel(BK):
-                out[t, k] = F.f32_to_bf16((F.bf16_to_f32(xg[t, k]) + g[k])
-                                          + (F.bf16_to_f32(x[t, k]) + F.bf16_to_f32(x[t, k])) * dsq[t])
+                xg[t, k] = x_grad_value(xg[t, k], g[k], F.bf16_to_f32(x[t, k]), dsq[t])
+
+    @T.macro
+    def x_grad_cuda(x, xg, gx, dsq):
+        for t, k in T.Parallel(BT, BK):
+            xg[t, k] = x_grad_value(xg[t, k], gx[t, k], _decode_bf16(x, (t, k)), dsq[t])
+
+    def row_value(table, at):
+        # The row's value in every lane of a chunk (a register gather from the 1-D table).
+        if at.vector:
+            return ChunkAt((), at.head[0] * LANES).group(table, LANES)
+        return table[at.i]
+
+    def x_grad_vector(x, xg, gx, dsq, at):
+        return x_grad_value(at.load(xg), at.load(gx), decode("bf16", at, x), row_value(dsq, at))
+
+    @T.macro
+    def zero_registers(fg):
+        sh.elementwise((N_PAD, BK), lambda at: Vec.splat(0.0, "float32"), fg)
+
+    @T.macro
+    def vector_phases(x, xg, gx, dsq, dhi_v, dlo_v, d, fg, valid_rows):
+        sh.elementwise((BT, N_PAD), lambda at: tf32.join(at.load(dhi_v), at.load(dlo_v)), d)
+        fn_grad_registers(x, d, fg, valid_rows)
+        sh.elementwise((BT, BK), lambda at: x_grad_vector(x, xg, gx, dsq, at), xg)
 
     @TK.prim_func
-    def gemm_bwd_kernel(DHI: TK.Tensor((M, N_PAD), bf16), DLO: TK.Tensor((M, N_PAD), bf16),
-                        DSQ: TK.Tensor((M,), "float32"), X: TK.Tensor((M, K), bf16),
-                        HI: TK.Tensor((N_PAD, K), bf16), LO: TK.Tensor((N_PAD, K), bf16),
-                        XG: TK.Tensor((M, K), bf16), FG: TK.Tensor((N3, K), "float32"),
+    def gemm_bwd_kernel(DHI: TK.Tensor((MP, N_PAD), bf16), DLO: TK.Tensor((MP, N_PAD), bf16),
+                        DHIV: TK.Tensor((MP, N_PAD), "uint16"), DLOV: TK.Tensor((MP, N_PAD), "uint16"),
+                        DSQ: TK.Tensor((M,), "float32"), X: TK.Tensor((M, K), bf16), XV: TK.Tensor((M, K), "uint16"),
+                        HI: TK.Tensor(FN_SHAPE, bf16), LO: TK.Tensor(FN_SHAPE, bf16),
+                        XG: TK.Tensor((M, K), "uint16"), FG: TK.Tensor((N3, K), "float32"),
                         first_block: TK.int32, num_blocks: TK.int32):
         with sh.persistent_kernel() as worker:
             for cb in sh.tiles([num_blocks], worker):
                 col0 = T.alloc_var("int32")
                 col0 = (first_block + cb) * BK
-                hi = sh.tile((N_PAD, BK), bf16)
-                lo = sh.tile((N_PAD, BK), bf16)
-                v = sh.tile((N_PAD, BK), "float32")
-                fg = sh.tile((N_PAD, BK), "float32")
-                g = sh.tile((BK,), "float32")
-                sh.copy(HI[0, col0], hi)
-                sh.copy(LO[0, col0], lo)
-                operand_loop_nest(hi, lo, v, N_PAD, BK)
-                for j, k in T.Parallel(N_PAD, BK):
-                    fg[j, k] = T.float32(0)
+                if sh.is_ascend:
+                    hi = TK.alloc_l1((BK, N_PAD), bf16)
+                    lo = TK.alloc_l1((BK, N_PAD), bf16)
+                    fg = sh.tile((N_PAD, BK), "float32")
+                    T.copy(HI[col0, 0], hi)
+                    T.copy(LO[col0, 0], lo)
+                    with sh.vector(SIMD):
+                        zero_registers(fg)
+                elif sh.is_cuda:
+                    hi = sh.tile((N_PAD, BK), bf16)
+                    lo = sh.tile((N_PAD, BK), bf16)
+                    fg = T.alloc_fragment((N_PAD, BK), "float32")
+                    sh.copy(HI[0, col0], hi)
+                    sh.copy(LO[0, col0], lo)
+                else:
+                    hi = sh.tile((N_PAD, BK), bf16)
+                    lo = sh.tile((N_PAD, BK), bf16)
+                    v = sh.tile((N_PAD, BK), "float32")
+                    fg = sh.tile((N_PAD, BK), "float32")
+                    g = sh.tile((BK,), "float32")
+                    sh.copy(HI[0, col0], hi)
+                    sh.copy(LO[0, col0], lo)
+                    operand_loop_nest(hi, lo, v, N_PAD, BK)
+                    for j, k in T.Parallel(N_PAD, BK):
+                        fg[j, k] = T.float32(0)
                 for tb in T.serial(T.ceildiv(M, BT)):
                     row0 = T.alloc_var("int32")
                     valid_rows = T.alloc_var("int32")
                     row0 = tb * BT
                     valid_rows = T.min(BT, M - row0)
-                    x = sh.tile((BT, BK), bf16)
-                    xg = sh.tile((BT, BK), bf16)
-                    dhi = sh.tile((BT, N_PAD), bf16)
-                    dlo = sh.tile((BT, N_PAD), bf16)
-                    d = sh.tile((BT, N_PAD), "float32")
-                    dsq = sh.tile((BT,), "float32")
-                    out = sh.tile((BT, BK), bf16)
-                    sh.copy(X[row0, col0], x)
+                    xg = sh.tile((BT, BK), "uint16")
                     sh.copy(XG[row0, col0], xg)
-                    sh.copy(DHI[row0, 0], dhi)
-                    sh.copy(DLO[row0, 0], dlo)
-                    sh.copy(DSQ[row0], dsq)
-                    operand_loop_nest(dhi, dlo, d, BT, N_PAD)
-                    fn_grad_loop_nest(x, d, fg, valid_rows)
-                    x_grad_loop_nest(x, xg, d, v, dsq, g, out)
-                    sh.copy(out, XG[row0, col0])
-                sh.copy(fg, FG[0, col0])
+                    if sh.is_ascend:
+                        # x·v on the Cube unit; fn_grad on the vector unit in the cpu order (the
+                        # L1 GEMM has no transposed first operand for dᵀ·x).
+                        dhi = TK.alloc_l1((BT, N_PAD), bf16)
+                        dlo = TK.alloc_l1((BT, N_PAD), bf16)
+                        gx_acc = TK.alloc_l0c((BT, BK), "float32")
+                        x = sh.tile((BT, BK), "uint16")
+                        dhi_v = sh.tile((BT, N_PAD), "uint16")
+                        dlo_v = sh.tile((BT, N_PAD), "uint16")
+                        # Two rows past the block: the gathers of the last row read a whole register.
+                        d = sh.tile((BT + LANES // N_PAD, N_PAD), "float32")
+                        gx = sh.tile((BT, BK), "float32")
+                        dsq = sh.lane_table(BT, "float32")
+                        T.copy(DHI[row0, 0], dhi)
+                        T.copy(DLO[row0, 0], dlo)
+                        x_grad_products_matrix_unit(dhi, dlo, hi, lo, gx_acc, True)
+                        T.copy(gx_acc, gx)
+                        sh.copy(XV[row0, col0], x)
+                        sh.copy(DHIV[row0, 0], dhi_v)
+                        sh.copy(DLOV[row0, 0], dlo_v)
+                        sh.copy(DSQ[row0], dsq)
+                        with sh.vector(SIMD):
+                            vector_phases(x, xg, gx, dsq, dhi_v, dlo_v, d, fg, valid_rows)
+                    elif sh.is_cuda:
+                        x = sh.tile((BT, BK), bf16)
+                        dhi = sh.tile((BT, N_PAD), bf16)
+                        dlo = sh.tile((BT, N_PAD), bf16)
+                        gx = T.alloc_fragment((BT, BK), "float32")
+                        dsq = sh.tile((BT,), "float32")
+                        sh.copy(X[row0, col0], x)
+                        sh.copy(DHI[row0, 0], dhi)
+                        sh.copy(DLO[row0, 0], dlo)
+                        sh.copy(DSQ[row0], dsq)
+                        fn_grad_cuda(x, dhi, dlo, fg, tb == 0)
+                        x_grad_products_matrix_unit(dhi, dlo, hi, lo, gx, False)
+                        x_grad_cuda(x, xg, gx, dsq)
+                    else:
+                        x = sh.tile((BT, BK), bf16)
+                        dhi = sh.tile((BT, N_PAD), bf16)
+                        dlo = sh.tile((BT, N_PAD), bf16)
+                        d = sh.tile((BT, N_PAD), "float32")
+                        dsq = sh.tile((BT,), "float32")
+                        sh.copy(XV[row0, col0], x)
+                        sh.copy(DHI[row0, 0], dhi)
+                        sh.copy(DLO[row0, 0], dlo)
+                        sh.copy(DSQ[row0], dsq)
+                        operand_loop_nest(dhi, dlo, d, BT, N_PAD)
+                        fn_grad_loop_nest(x, d, fg, valid_rows)
+                        x_grad_loop_nest(x, xg, d, v, dsq, g)
+                    sh.copy(xg, XG[row0, col0])
+                if sh.is_cuda:
+                    T.copy(fg, FG[0, col0])
+                else:
+                    sh.copy(fg, FG[0, col0])
 
     return gemm_bwd_kernel
 
@@ -326,9 +510,10 @@ def launch_fwd(call, target: str) -> None:
     hi, lo = tf32_operand(call.fn, N_PAD, spec.hidden, target)
     kernel = cached_kernel(build_gemm_fwd, spec, target, **KERNEL_CONFIG)
     x, hi, lo = (_operand_views(t, target) for t in (call.x, hi, lo))
+    xv = bit_view(call.x)
 
     def run(start: int, stop: int) -> None:
-        kernel(x, hi, lo, call.out_mul, call.sqrsum, start // BLOCK_T, -(-(stop - start) // BLOCK_T))
+        kernel(x, xv, hi, lo, call.out_mul, call.sqrsum, start // BLOCK_T, -(-(stop - start) // BLOCK_T))
 
     launch_rows(target, run, num_tokens, align=BLOCK_T)
 
@@ -339,13 +524,20 @@ def launch_bwd(call, target: str) -> None:
     if call.x.shape[0] == 0:
         call.fn_grad.zero_()
         return
-    hi, lo = tf32_operand(call.fn, N_PAD, spec.hidden, target)
-    dhi, dlo = tf32_operand(call.out_mul_grad, call.x.shape[0], N_PAD, target)
+    if fn_operand_shape(spec.hidden, target)[0] == N_PAD:
+        hi, lo = tf32_operand(call.fn, N_PAD, spec.hidden, target)
+    else:
+        # The Ascend operand layout (K, N_PAD): the parameter transposed once per call.
+        hi, lo = tf32_operand(call.fn.t().contiguous(), spec.hidden, N_PAD, target)
+    # Rows padded to whole token blocks: the matrix units read d by whole blocks.
+    dhi, dlo = tf32_operand(call.out_mul_grad, -(-call.x.shape[0] // BLOCK_T) * BLOCK_T, N_PAD, target)
     kernel = cached_kernel(build_gemm_bwd, spec, target, **KERNEL_CONFIG)
-    dhi, dlo, x, hi, lo, xg = (_operand_views(t, target) for t in (dhi, dlo, call.x, hi, lo, call.x_grad))
+    views = [bit_view(t) for t in (dhi, dlo, call.x, call.x_grad)]
+    dhi, dlo, x, hi, lo = (_operand_views(t, target) for t in (dhi, dlo, call.x, hi, lo))
 
     def run(start: int, stop: int) -> None:
-        kernel(dhi, dlo, call.sqrsum_grad, x, hi, lo, xg, call.fn_grad, start, stop - start)
+        kernel(dhi, dlo, views[0], views[1], call.sqrsum_grad, x, views[2], hi, lo, views[3], call.fn_grad, start,
+               stop - start)
 
     launch_rows(target, run, spec.hidden // BLOCK_K, min_rows=1)
 
