@@ -78,6 +78,7 @@ def _prepare_fwd(x, fn, out_mul_splitted, sqrsum_splitted, n_splits, target, fla
                          f"columns, got {n_splits}")
     target = resolve_target(x, target)
     resolve_flavor(target, flavor)
+    parallel.check_simulated(target, "mhc_pre_norm_fn_gemm_fwd")
     shape = (n_splits, num_tokens, mix)
     if out_mul_splitted is None:
         out_mul_splitted = torch.empty(shape, dtype=torch.float32, device=x.device)
@@ -125,6 +126,7 @@ def _prepare_bwd(out_mul_grad, sqrsum_grad, x, fn, x_grad, fn_grad, target, flav
     check_in_place(x_grad, "x_grad", "mhc_pre_norm_fn_gemm_bwd")
     target = resolve_target(x, target)
     resolve_flavor(target, flavor)
+    parallel.check_simulated(target, "mhc_pre_norm_fn_gemm_bwd")
     if fn_grad is None:
         fn_grad = torch.empty((mix, hidden), dtype=torch.float32, device=device)
     else:
@@ -212,6 +214,8 @@ def mhc_pre_norm_fn_gemm_fwd(x: torch.Tensor, fn: torch.Tensor, out_mul_splitted
         ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
             device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
             ``cuda``.
+        NotImplementedError: ``target`` is ``"ascend-sim"``: the simulator has no model of the
+            Cube unit yet (the ascend lowering is checked on its source).
     """
     return MHC_PRE_NORM_FN_GEMM_FWD(x, fn, n_splits, out=(out_mul_splitted, sqrsum_splitted), target=target,
                                     flavor=flavor)
@@ -267,6 +271,7 @@ def mhc_pre_norm_fn_gemm_bwd(out_mul_grad: torch.Tensor, sqrsum_grad: torch.Tens
         ValueError: ``target`` or ``flavor`` is unknown or does not fit the device (as the
             forward).
         RuntimeError: Grad mode is on and ``x_grad`` requires grad.
+        NotImplementedError: ``target`` is ``"ascend-sim"`` (as the forward).
     """
     fn_grad = MHC_PRE_NORM_FN_GEMM_BWD(out_mul_grad, sqrsum_grad, x, fn, x_grad, out=(fn_grad,), target=target,
                                        flavor=flavor)

@@ -59,9 +59,9 @@ CHUNKS = (256, 128, 64)
 # The GEMM kernels mix Cube and vector code: on Ascend one worker is an AI core (one Cube unit and
 # its two vector cores), and Ascend 950 has 32 (spec §2: ``cube_core_num``).
 ASCEND_AI_CORES = 32
-# Operand kernel tiles.
-SPLIT_ROWS = 8
-SPLIT_COLS = 1024
+# Operand kernel tiles: whole 64-lane registers of a few rows (the operands are a few MB at most).
+SPLIT_ROWS = 16
+SPLIT_COLS = 64
 
 
 def split_chunk(split_width: int) -> int:
@@ -71,14 +71,8 @@ def split_chunk(split_width: int) -> int:
 
 @dataclass(frozen=True)
 class Tf32SplitSpec:
-    """The operand kernel's specialisation: ``cols`` input columns into ``padded_cols``."""
-
-    cols: int
-    padded_cols: int
-
-    @property
-    def block_cols(self) -> int:
-        return min(SPLIT_COLS, -(-self.padded_cols // LANES) * LANES)
+    """The operand kernel's specialisation: none (its shapes are runtime values), one kernel per
+    target."""
 
 
 @dataclass(frozen=True)
@@ -108,21 +102,23 @@ def _bf16_dtype(sh: Shell) -> str:
 
 
 def build_tf32_split(spec: Tf32SplitSpec, target: str):
-    """The operand kernel: ``HI, LO (R, padded_cols)`` bf16 from fp32 ``SRC (R, cols)``."""
+    """The operand kernel: ``HI, LO (R, CP)`` bf16 from fp32 ``SRC (R, C)``, ``C <= CP``."""
     sh = Shell(target)
     TK = sh.T
-    C, CP, BR, BC = spec.cols, spec.padded_cols, SPLIT_ROWS, spec.block_cols
+    BR, BC = SPLIT_ROWS, SPLIT_COLS
     NR = TK.dynamic("NR")
+    C = TK.dynamic("C")
+    CP = TK.dynamic("CP")
 
-    def parts(src, col0, at):
+    def parts(src, col0, cols, at):
         # Columns past ``cols`` are zero operands (DMA leaves stale data there on Ascend).
-        v = tf32.round_to_tf32(select(at.column() + col0 < C, at.load(src), T.float32(0)))
+        v = tf32.round_to_tf32(select(at.column() + col0 < cols, at.load(src), T.float32(0)))
         hi = tf32.split_hi(v)
         return hi, tf32.split_lo(v, hi)
 
     @T.macro
-    def split_tile(src, hi, lo, col0):
-        sh.elementwise((BR, BC), lambda at: parts(src, col0, at), (hi, lo))
+    def split_tile(src, hi, lo, col0, cols):
+        sh.elementwise((BR, BC), lambda at: parts(src, col0, cols, at), (hi, lo))
 
     @TK.prim_func
     def tf32_split_kernel(SRC: TK.Tensor((NR, C), "float32"), HI: TK.Tensor((NR, CP), "uint16"),
@@ -139,7 +135,7 @@ def build_tf32_split(spec: Tf32SplitSpec, target: str):
                 sh.buffer_versions({src: 2, hi: 2, lo: 2})
                 sh.copy(SRC[row0, col0], src)
                 with sh.vector(SIMD):
-                    split_tile(src, hi, lo, col0)
+                    split_tile(src, hi, lo, col0, C)
                 sh.copy(hi, HI[row0, col0])
                 sh.copy(lo, LO[row0, col0])
 
@@ -486,13 +482,22 @@ def gemm_bwd_source(spec: GemmSpec, target: str) -> str:
     return kernel_source(build_gemm_bwd, spec, target, **KERNEL_CONFIG)
 
 
+def check_simulated(target: str, op: str) -> None:
+    """The GEMM kernels do not run on ``ascend-sim``, which models the vector cores only: their
+    Cube half (L1 and L0C buffers, the L1 GEMM, the L0C moves, the AIC/AIV synchronisation) has no
+    model yet."""
+    if target == "ascend-sim":
+        raise NotImplementedError(f"{op}: ascend-sim models the vector cores only, not the Cube unit this kernel "
+                                  f"uses; the ascend lowering is checked on its source")
+
+
 def tf32_operand(src: torch.Tensor, rows: int, padded_cols: int, target: str) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 ``(hi, lo)`` of shape ``(rows, padded_cols)``: the TF32 split of fp32 ``src`` (its rows
     and columns first, zeros elsewhere)."""
     hi = torch.zeros((rows, padded_cols), dtype=torch.bfloat16, device=src.device)
     lo = torch.zeros((rows, padded_cols), dtype=torch.bfloat16, device=src.device)
     if src.numel():
-        kernel = cached_kernel(build_tf32_split, Tf32SplitSpec(src.shape[1], padded_cols), target, **KERNEL_CONFIG)
+        kernel = cached_kernel(build_tf32_split, Tf32SplitSpec(), target, **KERNEL_CONFIG)
         kernel(src, bit_view(hi[:src.shape[0]]), bit_view(lo[:src.shape[0]]))
     return hi, lo
 

@@ -77,7 +77,8 @@ def pre_norm_fn_gemm_fwd(x: torch.Tensor, fn: torch.Tensor, n_splits: int) -> tu
     for col in range(width):
         acc = acc + xs[:, :, col, None] * v[:, None, col, :]
     sq = lane_sum_fused(xs.contiguous(), xs.contiguous()) if width else torch.zeros((n_splits, num_tokens))
-    return acc, sq
+    # Row-major outputs (the broadcast sums leave other strides).
+    return torch.zeros_like(acc, memory_format=torch.contiguous_format).copy_(acc), sq.contiguous()
 
 
 def pre_norm_fn_gemm_bwd(out_mul_grad: torch.Tensor, sqrsum_grad: torch.Tensor, x: torch.Tensor, fn: torch.Tensor,
@@ -109,11 +110,16 @@ def pre_norm_fn_gemm_fwd_float64(x: torch.Tensor, fn: torch.Tensor, n_splits: in
     return xs @ v, (xs * xs).sum(-1)
 
 
+def gemm_bwd_formula(d: torch.Tensor, sqrsum_grad: torch.Tensor, x: torch.Tensor, v: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward's formulas on the operands as given (no rounding): ``(d·v + 2·x·sqrsum_grad,
+    dᵀ·x)``, the gradients of ``(x·vᵀ, Σ x²)`` with respect to ``x`` and ``v``."""
+    return d @ v + 2 * x * sqrsum_grad[:, None], d.T @ x
+
+
 def pre_norm_fn_gemm_bwd_float64(out_mul_grad: torch.Tensor, sqrsum_grad: torch.Tensor, x: torch.Tensor,
                                  fn: torch.Tensor, x_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The backward in float64 (same TF32/bf16 operands), ``x_grad`` before its bf16 rounding."""
-    d = tf32_operand(out_mul_grad).double()
-    v = tf32_operand(fn).double()
-    xd = x.double()
-    total = x_grad.double() + d @ v + 2 * xd * sqrsum_grad.double()[:, None]
-    return total, d.T @ xd
+    x_part, fn_grad = gemm_bwd_formula(tf32_operand(out_mul_grad).double(), sqrsum_grad.double(), x.double(),
+                                       tf32_operand(fn).double())
+    return x_grad.double() + x_part, fn_grad
