@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+import vmi_mhc
 import vmi_moe
 import vmi_quant
 from vmi_core.library import KERNEL_OPS, NAMESPACE
@@ -86,6 +87,15 @@ def _gate_with_autograd():
     vmi_moe.moe_topk_gate_autograd(logits, 4, True, 1, 1.5, 0, mask=torch.arange(12) % 5 != 0, num_sequences=3)
 
 
+def _prenorm_gemm_into_given_outputs():
+    # The registry's shape (K = 4·256) and splits: the forward into preallocated partials, the
+    # backward into a given fn_grad.
+    x, fn = randn((12, 1024), 4, torch.bfloat16), randn((24, 1024), 5) * 1e-2
+    vmi_mhc.mhc_pre_norm_fn_gemm_fwd(x, fn, torch.empty(16, 12, 24), torch.empty(16, 12), 16)
+    vmi_mhc.mhc_pre_norm_fn_gemm_bwd(randn((12, 24), 6), randn((12,), 7), x, fn, randn((12, 1024), 8, torch.bfloat16),
+                                     torch.empty(24, 1024))
+
+
 VARIANTS = {
     "per_token_cast-out": lambda: vmi_quant.per_token_cast(
         X, "e4m3", 32, out=(torch.empty(12, 256, dtype=torch.float8_e4m3fn), torch.empty(12, 8))),
@@ -126,6 +136,7 @@ VARIANTS = {
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
+    "mhc_pre_norm_fn_gemm-out": _prenorm_gemm_into_given_outputs,
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 
