@@ -23,8 +23,10 @@ the split's columns in chunks of ``chunk`` (DMA of x and of the operand's hi/lo 
 over all tokens in blocks of ``BLOCK_T``, so it owns its columns of ``fn_grad`` (no cross-worker
 reduction, deterministic): ``fn_grad[j, k] = Σ_t d[t, j] · x[t, k]`` (tokens ascending from +0.0 on
 cpu) and ``x_grad[t, k] = bf16((f32(x_grad) + Σ_j d[t, j] · v[j, k]) + (2 · x[t, k]) · d_sqrsum[t])``
-(``j`` ascending from +0.0 on cpu). On ascend and cuda both sums are ``T.gemm`` (``dᵀ·x`` and
-``d·v``, each as the hi and lo GEMMs).
+(``j`` ascending from +0.0 on cpu). On cuda both sums are ``T.gemm`` (``dᵀ·x`` and ``d·v`` as
+hi/lo GEMMs); on ascend ``d·v`` is ``T.gemm`` on the Cube unit (with ``fn_eff`` in the ``(K, n3)``
+layout its L1 GEMM takes) and ``fn_grad`` runs on the vector unit in the cpu order (the L1 GEMM
+has no transposed first operand for ``dᵀ·x``).
 
 The cpu order is the reference's (``vmi_mhc.reference.pre_norm_fn_gemm``), bit for bit; the
 matrix units add the same exact products in their own order (see the docs page for the bound).
