@@ -172,9 +172,15 @@ def build_gemm_fwd(spec: GemmSpec, target: str):
         for k, j in T.Parallel(BK, N_PAD):
             v[k, j] = tf32.join(hi[j, k], lo[j, k])
         for t in T.serial(BT):
+            # The token's accumulators in a local row (registers), the k loop over them.
+            row = T.alloc_local((N_PAD,), "float32")
+            for j in T.serial(N_PAD):
+                row[j] = acc[t, j]
             for k in T.serial(BK):
-                for j in T.Parallel(N_PAD):
-                    acc[t, j] = acc[t, j] + F.bf16_to_f32(x[t, k]) * v[k, j]
+                for j in T.serial(N_PAD):
+                    row[j] = row[j] + F.bf16_to_f32(x[t, k]) * v[k, j]
+            for j in T.serial(N_PAD):
+                acc[t, j] = row[j]
 
     @T.macro
     def products_matrix_unit(x, hi, lo, acc, first):
@@ -330,14 +336,16 @@ def build_gemm_bwd(spec: GemmSpec, target: str):
         return F.f32_to_bf16((F.bf16_to_f32(xg) + gemm) + (x + x) * dsq)
 
     @T.macro
-    def x_grad_loop_nest(x, xg, d, v, dsq, g):
+    def x_grad_loop_nest(x, xg, d, v, dsq):
         for t in T.serial(BT):
-            for k in T.Parallel(BK):
+            # The token's BK sums in a local row, j outer.
+            g = T.alloc_local((BK,), "float32")
+            for k in T.serial(BK):
                 g[k] = T.float32(0)
             for j in T.serial(N3):
-                for k in T.Parallel(BK):
+                for k in T.serial(BK):
                     g[k] = g[k] + d[t, j] * v[j, k]
-            for k in T.Parallel(BK):
+            for k in T.serial(BK):
                 xg[t, k] = x_grad_value(xg[t, k], g[k], F.bf16_to_f32(x[t, k]), dsq[t])
 
     @T.macro
@@ -394,7 +402,6 @@ def build_gemm_bwd(spec: GemmSpec, target: str):
                     lo = sh.tile((N_PAD, BK), bf16)
                     v = sh.tile((N_PAD, BK), "float32")
                     fg = sh.tile((N_PAD, BK), "float32")
-                    g = sh.tile((BK,), "float32")
                     sh.copy(HI[0, col0], hi)
                     sh.copy(LO[0, col0], lo)
                     operand_loop_nest(hi, lo, v, N_PAD, BK)
@@ -455,7 +462,7 @@ def build_gemm_bwd(spec: GemmSpec, target: str):
                         sh.copy(DSQ[row0], dsq)
                         operand_loop_nest(dhi, dlo, d, BT, N_PAD)
                         fn_grad_loop_nest(x, d, fg, valid_rows)
-                        x_grad_loop_nest(x, xg, d, v, dsq, g)
+                        x_grad_loop_nest(x, xg, d, v, dsq)
                     sh.copy(xg, XG[row0, col0])
                 if sh.is_cuda:
                     T.copy(fg, FG[0, col0])
