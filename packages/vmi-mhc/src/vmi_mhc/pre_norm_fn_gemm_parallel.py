@@ -54,6 +54,8 @@ from .tl import tf32
 N_PAD = 32
 # Tokens per work tile (forward) and per step of the backward's token loop.
 BLOCK_T = 32
+# Tokens whose accumulators the cpu forward loop nest keeps in registers together.
+TOKEN_GROUP = 4
 # Columns per backward work item.
 BLOCK_K = 256
 # Column chunks of the forward: the largest of these dividing the split width.
@@ -171,16 +173,19 @@ def build_gemm_fwd(spec: GemmSpec, target: str):
         # The chunk's operand, transposed so that the mix index runs over consecutive elements.
         for k, j in T.Parallel(BK, N_PAD):
             v[k, j] = tf32.join(hi[j, k], lo[j, k])
-        for t in T.serial(BT):
-            # The token's accumulators in a local row (registers), the k loop over them.
-            row = T.alloc_local((N_PAD,), "float32")
-            for j in T.serial(N_PAD):
-                row[j] = acc[t, j]
+        for tg in T.serial(BT // TOKEN_GROUP):
+            # A group of tokens' accumulators in local rows (registers: independent chains), the k
+            # loop over them.
+            rows = T.alloc_local((TOKEN_GROUP * N_PAD,), "float32")
+            for r in T.serial(TOKEN_GROUP * N_PAD):
+                rows[r] = acc[tg * TOKEN_GROUP + r // N_PAD, r % N_PAD]
             for k in T.serial(BK):
-                for j in T.serial(N_PAD):
-                    row[j] = row[j] + F.bf16_to_f32(x[t, k]) * v[k, j]
-            for j in T.serial(N_PAD):
-                acc[t, j] = row[j]
+                for tt in T.serial(TOKEN_GROUP):
+                    for j in T.serial(N_PAD):
+                        rows[tt * N_PAD + j] = (rows[tt * N_PAD + j]
+                                                + F.bf16_to_f32(x[tg * TOKEN_GROUP + tt, k]) * v[k, j])
+            for r in T.serial(TOKEN_GROUP * N_PAD):
+                acc[tg * TOKEN_GROUP + r // N_PAD, r % N_PAD] = rows[r]
 
     @T.macro
     def products_matrix_unit(x, hi, lo, acc, first):
