@@ -107,6 +107,13 @@ def _norm_fn_stages_into_given_outputs():
         partials, sqrsums, torch.empty(12, 1, 24), torch.empty(12, 1), torch.empty(12, 24), 1024, 1e-6, 3)
     vmi_mhc.mhc_reduce_partials_and_rmsnorm_bwd(LOGITS, out_mul, sqrsum, torch.empty(12, 1, 24), torch.empty(12, 1),
                                                 1024, 1e-6)
+def _prenorm_gemm_into_given_outputs():
+    # The registry's shape (K = 4·256) and splits: the forward into preallocated partials, the
+    # backward into a given fn_grad.
+    x, fn = randn((12, 1024), 4, torch.bfloat16), randn((24, 1024), 5) * 1e-2
+    vmi_mhc.mhc_pre_norm_fn_gemm_fwd(x, fn, torch.empty(16, 12, 24), torch.empty(16, 12), 16)
+    vmi_mhc.mhc_pre_norm_fn_gemm_bwd(randn((12, 24), 6), randn((12,), 7), x, fn, randn((12, 1024), 8, torch.bfloat16),
+                                     torch.empty(24, 1024))
 
 
 VARIANTS = {
@@ -153,6 +160,7 @@ VARIANTS = {
     "mhc_norm_fn-out": _norm_fn_stages_into_given_outputs,
     "mhc_sinkhorn_fwd-out": lambda: vmi_mhc.mhc_sinkhorn_fwd(COMB, torch.empty_like(COMB), 3, 1e-2),
     "mhc_sinkhorn_bwd-out": lambda: vmi_mhc.mhc_sinkhorn_bwd(COMB.flip(0), COMB, torch.empty_like(COMB), 3, 1e-2),
+    "mhc_pre_norm_fn_gemm-out": _prenorm_gemm_into_given_outputs,
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

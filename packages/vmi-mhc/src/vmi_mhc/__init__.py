@@ -17,6 +17,8 @@ from .norm_fn_parallel import (
     mhc_reduce_partials_and_rmsnorm_bwd_parallel,
     mhc_reduce_partials_and_rmsnorm_fwd_parallel,
 )
+from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
+from .pre_norm_fn_gemm_parallel import mhc_pre_norm_fn_gemm_bwd_parallel, mhc_pre_norm_fn_gemm_fwd_parallel
 from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
 from .pre_split_mixes_parallel import mhc_pre_split_mixes_bwd_parallel, mhc_pre_split_mixes_fwd_parallel
 from .sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
@@ -25,14 +27,18 @@ from .sinkhorn_parallel import mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd_paral
 __version__ = "0.1.0"
 
 __all__ = [
-    "mhc_pre_split_mixes_bwd",
-    "mhc_pre_split_mixes_bwd_parallel",
-    "mhc_pre_split_mixes_fwd",
-    "mhc_pre_split_mixes_fwd_parallel",
     "mhc_fn_normw_merge_bwd",
     "mhc_fn_normw_merge_bwd_parallel",
     "mhc_fn_normw_merge_fwd",
     "mhc_fn_normw_merge_fwd_parallel",
+    "mhc_pre_norm_fn_gemm_bwd",
+    "mhc_pre_norm_fn_gemm_bwd_parallel",
+    "mhc_pre_norm_fn_gemm_fwd",
+    "mhc_pre_norm_fn_gemm_fwd_parallel",
+    "mhc_pre_split_mixes_bwd",
+    "mhc_pre_split_mixes_bwd_parallel",
+    "mhc_pre_split_mixes_fwd",
+    "mhc_pre_split_mixes_fwd_parallel",
     "mhc_reduce_partials_and_rmsnorm_bwd",
     "mhc_reduce_partials_and_rmsnorm_bwd_parallel",
     "mhc_reduce_partials_and_rmsnorm_fwd",

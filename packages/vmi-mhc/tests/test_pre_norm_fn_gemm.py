@@ -1,0 +1,266 @@
+"""The prenorm GEMM of norm_fn (forward and backward) on cpu, bit for bit against the reference
+``reference.pre_norm_fn_gemm`` (which sums in the cpu kernel's stated order), both flavors; the
+errors of both against a float64 evaluation of the formulas within the fp32 summation bound; the
+float64 backward against torch autograd; the TF32 operand split on cpu and ascend-sim.
+
+Every product of the GEMMs is exact in fp32 (bf16 x TF32, TF32 x TF32), so a sum of ``n`` of
+them accumulated in fp32 (any order) lies within ``γ(n - 1) · Σ|p|`` of the exact sum, with
+``γ(m) = m·u / (1 - m·u)`` and ``u = 2^-24`` (Higham, Accuracy and Stability, §4.2). That bound
+is what separates the cpu kernel from the float64 value, and (doubled: the matrix units add
+``2n`` products, the TF32 operand as bf16 hi and lo) from the matrix units' results.
+
+Default: one forward and one backward specialisation (K = 4·64·2 = 512, n3 = 24, 2 splits),
+token counts 0, 1 and 37 (a partial token block); the TF32 operand kernel on ascend-sim (the GEMM
+kernels need the Cube unit, which ascend-sim does not model), the sweeps over hidden sizes
+1280-7168, 4096+ tokens, other mix widths and splits are ``slow``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_mhc import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
+from vmi_mhc import pre_norm_fn_gemm_parallel as parallel
+from vmi_mhc.reference import pre_norm_fn_gemm as reference
+
+U = 2.0**-24
+FLAVORS = ("ascend", "cuda")
+K_DEFAULT, MIX, SPLITS = 512, 24, 2
+TOKENS = (0, 1, 37)
+
+
+def gamma(additions: int) -> float:
+    return additions * U / (1 - additions * U)
+
+
+def forward_inputs(num_tokens: int, hidden: int, mix: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # As the sources' tests: a residual around 1 with a per-stream gain, a small projection.
+    x = randn((num_tokens, hidden), seed, torch.bfloat16)
+    fn = randn((mix, hidden), seed + 1) * 1e-2
+    return x, fn
+
+
+def backward_inputs(num_tokens: int, hidden: int, mix: int, seed: int) -> dict:
+    x, fn = forward_inputs(num_tokens, hidden, mix, seed)
+    return {"out_mul_grad": randn((num_tokens, mix), seed + 2), "sqrsum_grad": randn((num_tokens,), seed + 3) * 1e-3,
+            "x": x, "fn": fn, "x_grad": randn((num_tokens, hidden), seed + 4, torch.bfloat16)}
+
+
+def check_forward(num_tokens: int, hidden: int, mix: int, splits: int, seed: int, flavor=None) -> None:
+    x, fn = forward_inputs(num_tokens, hidden, mix, seed)
+    out_mul = torch.full((splits, num_tokens, mix), float("nan"))
+    sqrsum = torch.full((splits, num_tokens), float("nan"))
+    got = mhc_pre_norm_fn_gemm_fwd(x, fn, out_mul, sqrsum, splits, target="cpu", flavor=flavor)
+    assert got[0] is out_mul and got[1] is sqrsum
+    want = reference.pre_norm_fn_gemm_fwd(x, fn, splits)
+    label = f"T={num_tokens} K={hidden} n3={mix} S={splits} flavor={flavor}"
+    assert_bitwise_equal(out_mul, want[0], f"out_mul_splitted [{label}]")
+    assert_bitwise_equal(sqrsum, want[1], f"sqrsum_splitted [{label}]")
+
+
+def check_backward(num_tokens: int, hidden: int, mix: int, seed: int, flavor=None) -> None:
+    inputs = backward_inputs(num_tokens, hidden, mix, seed)
+    x_grad = inputs["x_grad"].clone()
+    fn_grad = torch.full((mix, hidden), float("nan"))
+    got = mhc_pre_norm_fn_gemm_bwd(**{**inputs, "x_grad": x_grad}, fn_grad=fn_grad, target="cpu", flavor=flavor)
+    assert got[0] is x_grad and got[1] is fn_grad
+    want = reference.pre_norm_fn_gemm_bwd(**inputs)
+    label = f"T={num_tokens} K={hidden} n3={mix} flavor={flavor}"
+    assert_bitwise_equal(x_grad, want[0], f"x_grad [{label}]")
+    assert_bitwise_equal(fn_grad, want[1], f"fn_grad [{label}]")
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_forward_matches_reference(flavor):
+    for seed, num_tokens in enumerate(TOKENS):
+        check_forward(num_tokens, K_DEFAULT, MIX, SPLITS, seed, flavor)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_backward_matches_reference(flavor):
+    for seed, num_tokens in enumerate(TOKENS):
+        check_backward(num_tokens, K_DEFAULT, MIX, seed, flavor)
+
+
+def test_torch_target_is_the_reference():
+    inputs = backward_inputs(37, K_DEFAULT, MIX, 7)
+    out_mul, sqrsum = mhc_pre_norm_fn_gemm_fwd(inputs["x"], inputs["fn"], n_splits=SPLITS, target="torch")
+    want = reference.pre_norm_fn_gemm_fwd(inputs["x"], inputs["fn"], SPLITS)
+    assert_bitwise_equal(out_mul, want[0], "out_mul_splitted")
+    assert_bitwise_equal(sqrsum, want[1], "sqrsum_splitted")
+    x_grad, fn_grad = mhc_pre_norm_fn_gemm_bwd(**{**inputs, "x_grad": inputs["x_grad"].clone()}, target="torch")
+    want = reference.pre_norm_fn_gemm_bwd(**inputs)
+    assert_bitwise_equal(x_grad, want[0], "x_grad")
+    assert_bitwise_equal(fn_grad, want[1], "fn_grad")
+
+
+def test_forward_error_within_the_fp32_sum_bound():
+    # The default kernels, 100 tokens: per output, |kernel - float64| <= γ(n - 1) Σ|p| for its n
+    # products (k of the split; the square sums: a lane's K_s / 64 squares, then 6 folds).
+    x, fn = forward_inputs(100, K_DEFAULT, MIX, 3)
+    out_mul, sqrsum = mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=SPLITS, target="cpu")
+    exact_mul, exact_sq = reference.pre_norm_fn_gemm_fwd_float64(x, fn, SPLITS)
+    width = K_DEFAULT // SPLITS
+    xs = x.double().reshape(100, SPLITS, width).transpose(0, 1)
+    magnitude = xs.abs() @ reference.tf32_operand(fn).double().abs().reshape(MIX, SPLITS, width).permute(1, 2, 0)
+    assert ((out_mul.double() - exact_mul).abs() <= gamma(width - 1) * magnitude).all()
+    assert ((sqrsum.double() - exact_sq).abs() <= gamma(width // 64 + 6) * exact_sq).all()
+    assert not torch.equal(out_mul.double(), exact_mul), "fp32 sums that are all exact test no order"
+
+
+def test_backward_error_within_the_fp32_sum_bound():
+    inputs = backward_inputs(100, K_DEFAULT, MIX, 4)
+    x_grad, fn_grad = mhc_pre_norm_fn_gemm_bwd(**{**inputs, "x_grad": inputs["x_grad"].clone()}, target="cpu")
+    exact_x_grad, exact_fn_grad = reference.pre_norm_fn_gemm_bwd_float64(**inputs)
+    d = reference.tf32_operand(inputs["out_mul_grad"]).double()
+    xd = inputs["x"].double()
+    fn_magnitude = d.abs().T @ xd.abs()
+    assert ((fn_grad.double() - exact_fn_grad).abs() <= gamma(100 - 1) * fn_magnitude).all()
+    # x_grad: n3 products, the buffer and the square-sum term in fp32 (n3 + 1 additions, one
+    # rounding of 2·x·d_sqrsum), then one bf16 rounding (half an ulp: at most 2^-8 relative).
+    terms = (inputs["x_grad"].double().abs() + d.abs() @ reference.tf32_operand(inputs["fn"]).double().abs()
+             + 2 * xd.abs() * inputs["sqrsum_grad"].double().abs()[:, None])
+    bound = 2.0**-8 * exact_x_grad.abs() + (1 + 2.0**-8) * gamma(MIX + 2) * terms
+    assert ((x_grad.double() - exact_x_grad).abs() <= bound).all()
+
+
+class _Gemm64(torch.autograd.Function):
+    """The float64 forward ``(x·vᵀ, Σ x²)`` with the reference's backward formulas."""
+
+    @staticmethod
+    def forward(ctx, x, v):
+        ctx.save_for_backward(x, v)
+        return x @ v.T, (x * x).sum(-1)
+
+    @staticmethod
+    def backward(ctx, out_mul_grad, sqrsum_grad):
+        x, v = ctx.saved_tensors
+        return reference.gemm_bwd_formula(out_mul_grad, sqrsum_grad, x, v)
+
+
+def test_float64_backward_is_the_gradient_of_the_float64_forward():
+    x = randn((3, 32), 5).double().requires_grad_()
+    v = randn((2, 32), 6).double().requires_grad_()
+    assert torch.autograd.gradcheck(_Gemm64.apply, (x, v))
+    # The float64 backward entry point (TF32 d_out_mul values: its rounding changes nothing).
+    xb, fn = forward_inputs(3, 32, 2, 7)
+    g, h = reference.round_to_tf32(randn((3, 2), 8)), randn((3,), 9)
+    x64 = xb.double().requires_grad_()
+    v64 = reference.tf32_operand(fn).double().requires_grad_()
+    ((x64 @ v64.T * g.double()).sum() + ((x64 * x64).sum(-1) * h.double()).sum()).backward()
+    x_grad, fn_grad = reference.pre_norm_fn_gemm_bwd_float64(g, h, xb, fn, torch.zeros(3, 32))
+    torch.testing.assert_close(x_grad, x64.grad, rtol=1e-13, atol=0)
+    torch.testing.assert_close(fn_grad, v64.grad, rtol=1e-13, atol=0)
+
+
+def test_round_to_tf32_examples():
+    # Spec §3.4.2: half away from zero to 10 mantissa bits.
+    values = torch.tensor([1.0, 1 + 2**-11, -(1 + 2**-11), 0.1, 1 + 2**-12, float("inf"), 3.4028235e38])
+    want = torch.tensor([1.0, 1 + 2**-10, -(1 + 2**-10), 0.099975586, 1.0, float("inf"), float("inf")])
+    assert_bitwise_equal(reference.round_to_tf32(values), want, "round_to_tf32")
+
+
+def test_tf32_split_is_exact():
+    v = reference.round_to_tf32(randn((4096,), 8) * torch.logspace(-30, 30, 4096))
+    assert_bitwise_equal(reference.tf32_operand(v), v, "hi + lo")
+
+
+@pytest.mark.parametrize("target", ["cpu", pytest.param("ascend-sim", marks=pytest.mark.slow)])
+def test_tf32_operand_kernel_matches_reference(target):
+    # The d_out_mul layout (rows x 24 into 32 columns, extra zero rows): special values, a NaN
+    # whose payload is only in the dropped bits, subnormals, values that round to infinity.
+    src = randn((37, MIX), 9) * torch.logspace(-40, 38, MIX)
+    src[0, :8] = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 3.4028235e38, 1e-45, 2.0**-120])
+    src[1, 0] = torch.tensor([0x7F800001], dtype=torch.int32).view(torch.float32)
+    hi, lo = parallel.tf32_operand(src, 64, parallel.N_PAD, target)
+    want_hi, want_lo = reference.tf32_split(reference.round_to_tf32(src))
+    assert_bitwise_equal(hi[:37, :MIX].view(torch.int16).to(torch.int64) & 0xFFFF, want_hi, f"hi [{target}]")
+    assert_bitwise_equal(lo[:37, :MIX].view(torch.int16).to(torch.int64) & 0xFFFF, want_lo, f"lo [{target}]")
+    assert not hi[37:].view(torch.int16).any() and not hi[:, MIX:].view(torch.int16).any()
+    assert not lo[37:].view(torch.int16).any() and not lo[:, MIX:].view(torch.int16).any()
+
+
+def test_gemm_kernels_refuse_ascend_sim():
+    inputs = backward_inputs(4, K_DEFAULT, MIX, 10)
+    with pytest.raises(NotImplementedError, match="Cube"):
+        mhc_pre_norm_fn_gemm_fwd(inputs["x"], inputs["fn"], target="ascend-sim")
+    with pytest.raises(NotImplementedError, match="Cube"):
+        mhc_pre_norm_fn_gemm_bwd(**inputs, target="ascend-sim")
+
+
+def test_every_thread_count_gives_the_same_bits(monkeypatch):
+    inputs = backward_inputs(300, K_DEFAULT, MIX, 11)
+    results = []
+    for threads in ("1", "3"):
+        monkeypatch.setenv("VMI_CPU_THREADS", threads)
+        results.append((mhc_pre_norm_fn_gemm_fwd(inputs["x"], inputs["fn"], n_splits=SPLITS, target="cpu"),
+                        mhc_pre_norm_fn_gemm_bwd(**{**inputs, "x_grad": inputs["x_grad"].clone()}, target="cpu")))
+    for a, b in zip(*results, strict=True):
+        for got, want in zip(a, b, strict=True):
+            assert_bitwise_equal(got, want, "one thread vs three")
+
+
+def test_no_tokens_launch_nothing(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("a kernel was built or launched for T == 0")
+
+    monkeypatch.setattr(importlib.import_module("vmi_mhc.pre_norm_fn_gemm_parallel"), "cached_kernel", fail)
+    x, fn = forward_inputs(0, K_DEFAULT, MIX, 12)
+    out_mul, sqrsum = mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=SPLITS, target="cpu")
+    assert out_mul.shape == (SPLITS, 0, MIX) and sqrsum.shape == (SPLITS, 0)
+    fn_grad = torch.full((MIX, K_DEFAULT), float("nan"))
+    for target in ("cpu", "torch"):
+        x_grad, got = mhc_pre_norm_fn_gemm_bwd(torch.empty(0, MIX), torch.empty(0), x, fn, x.clone(), fn_grad,
+                                               target=target)
+        assert got is fn_grad and not fn_grad.any() and x_grad.shape == (0, K_DEFAULT)
+
+
+def test_non_finite_values_propagate():
+    # A NaN in x (row 3, split 1), +inf in fn (row 2, split 0), +inf in out_mul_grad (row 5):
+    # as the reference (IEEE arithmetic of the exact products), NaN payloads aside.
+    inputs = backward_inputs(40, K_DEFAULT, MIX, 13)
+    inputs["x"][3, 300] = float("nan")
+    inputs["fn"][2, 10] = float("inf")
+    inputs["out_mul_grad"][5, 4] = float("inf")
+    out_mul, sqrsum = mhc_pre_norm_fn_gemm_fwd(inputs["x"], inputs["fn"], n_splits=SPLITS, target="cpu")
+    want = reference.pre_norm_fn_gemm_fwd(inputs["x"], inputs["fn"], SPLITS)
+    assert_bitwise_equal(out_mul, want[0], "out_mul_splitted", any_nan=True)
+    assert_bitwise_equal(sqrsum, want[1], "sqrsum_splitted", any_nan=True)
+    assert out_mul[1, 3].isnan().all() and sqrsum[1, 3].isnan() and out_mul[0, 3, 3:].isfinite().all()
+    assert not out_mul[0, :, 2].isfinite().any() and out_mul[1, torch.arange(40) != 3, 2].isfinite().all()
+    x_grad, fn_grad = mhc_pre_norm_fn_gemm_bwd(**{**inputs, "x_grad": inputs["x_grad"].clone()}, target="cpu")
+    want = reference.pre_norm_fn_gemm_bwd(**inputs)
+    assert_bitwise_equal(x_grad, want[0], "x_grad", any_nan=True)
+    assert_bitwise_equal(fn_grad, want[1], "fn_grad", any_nan=True)
+    assert not x_grad[5].float().isfinite().all() and not fn_grad[4].isfinite().all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden", [1280, 2560, 4096, 7168])
+@pytest.mark.parametrize("splits", [1, 16])
+def test_forward_hidden_sizes(hidden, splits):
+    check_forward(77, 4 * hidden, MIX, splits, hidden + splits)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden", [1280, 7168])
+def test_backward_hidden_sizes(hidden):
+    check_backward(77, 4 * hidden, MIX, hidden)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mix", [1, 8, 32])
+def test_other_mix_widths(mix):
+    # n3 = 8 is n = 2 streams; the kernels depend on n3 <= 32 only.
+    check_forward(37, 1024, mix, 4, mix)
+    check_backward(37, 1024, mix, mix)
+
+
+@pytest.mark.slow
+def test_many_tokens():
+    check_forward(4133, 4 * 1280, MIX, 16, 20)
+    check_backward(4133, 4 * 1280, MIX, 21)
