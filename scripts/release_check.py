@@ -17,8 +17,7 @@ For the package (``vmi-core``, ``vmi-quant``, ``vmi-mhc`` or ``vmi-moe``):
    of ``shared/constraints.txt``; no other vmi distribution may come along;
 5. there, the package's smoke check runs: ``vmi run OP`` against the reference, and ``vmi bench OP``
    at one small shape, which must say that no baseline is installed (the baselines are in the
-   repository's vmi-devkit, not in a wheel); vmi-mhc, without ops yet, and vmi-core, alone, are
-   imported and ``vmi list`` runs.
+   repository's vmi-devkit, not in a wheel); vmi-core, alone, is imported and ``vmi list`` runs.
 
 The build uses the running Python's ``build``, ``hatchling`` and ``twine`` (no build isolation);
 exit status 1 with one ``release check:`` line on a failed check.
@@ -46,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "shared" / "constraints.txt"
 PACKAGES = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe")
 # The op each family's installed wheel runs; None: no op yet, an import check.
-SMOKE_OPS = {"vmi-core": None, "vmi-quant": "per_token_cast", "vmi-mhc": None, "vmi-moe": "moe_topk_gate"}
+SMOKE_OPS = {"vmi-core": None, "vmi-quant": "per_token_cast", "vmi-mhc": "mhc_reduce_partials_and_rmsnorm_fwd", "vmi-moe": "moe_topk_gate"}
 BENCH_SHAPE = "256x512"
 TAG = re.compile(r"^(?P<package>vmi-[a-z]+)-v(?P<version>\d+\.\d+\.\d+)$")
 
