@@ -1,6 +1,7 @@
-"""The subnormal flush of the Ascend vector division: the kernel function
-(``vmi_core.tl.formats.flush_subnormal``, cpu target) and its torch twin (``vmi_core.fp32``), bit
-for bit, on every class of fp32 value."""
+"""The Ascend vector division as scalar code: the subnormal flush (``vmi_core.tl.formats.flush_subnormal``)
+and the whole division (``ascend_quotient``), kernel functions on the cpu target against their torch
+twins (``vmi_core.fp32``), bit for bit, on every class of fp32 value and on quotients small enough for
+the residual check to move them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from vmi_core.compile import compile_kernel
 from vmi_core.formats import f32_from_bits
-from vmi_core.fp32 import division_flushes_subnormals, flush_subnormal
+from vmi_core.fp32 import ascend_quotient, divide, division_flushes_subnormals, flush_subnormal
 from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl import formats as F
 
@@ -48,3 +49,45 @@ def test_kernel_function_matches_its_twin():
     out = torch.empty(N)
     kernel(values(), out)
     assert_bitwise_equal(out, flush_subnormal(values()), "kernel flush_subnormal")
+
+
+def quotient_operands() -> tuple[torch.Tensor, torch.Tensor]:
+    """Every pair of the special values, plus quotients spread over 2^-149 .. 2^-90, where the
+    residuals of the division's neighbour check underflow."""
+    g = torch.Generator().manual_seed(5)
+    num = torch.cat([values().repeat_interleave(N), torch.rand(4096, generator=g) + 0.5])
+    den = torch.cat([values().repeat(N), 2.0 ** torch.randint(90, 149, (4096,), generator=g).float()
+                     * (torch.rand(4096, generator=g) + 1.0)])
+    return num, den
+
+
+def test_ascend_quotient_twin():
+    num, den = quotient_operands()
+    q = ascend_quotient(num, den)
+    exact = num.double() / den.double()
+    normal_operands = (num.abs() >= 2.0 ** -126) & (den.abs() >= 2.0 ** -126)
+    finite = normal_operands & (exact.abs() <= torch.finfo(torch.float32).max) & (exact.abs() >= 2.0 ** -126)
+    # Normal quotients of normal operands: within an ulp of the exact one (the check moves them by
+    # one at most); subnormal ones flushed.
+    assert ((q.double()[finite] - exact[finite]).abs() <= exact[finite].abs() * 2.0 ** -23).all()
+    assert (q[normal_operands & (exact.abs() < 2.0 ** -126)] == 0).all()
+    # The residual check does move some of these (a flush-only model would not match).
+    assert (q != flush_subnormal(num / den)).sum() > 100
+    assert_bitwise_equal(divide(num, den, "ascend"), q, "divide ascend")
+    assert_bitwise_equal(divide(num, den, "cuda"), num / den, "divide cuda")
+
+
+def test_ascend_quotient_kernel_matches_its_twin():
+    num, den = quotient_operands()
+    M = num.numel()
+
+    @T.prim_func
+    def quotient_kernel(A: T.Tensor((M,), "float32"), B: T.Tensor((M,), "float32"), Q: T.Tensor((M,), "float32")):
+        with T.Kernel(1):
+            for i in T.Parallel(M):
+                Q[i] = F.ascend_quotient(A[i], B[i])
+
+    kernel = compile_kernel(quotient_kernel, "cpu")
+    out = torch.empty(M)
+    kernel(num, den, out)
+    assert_bitwise_equal(out, ascend_quotient(num, den), "kernel ascend_quotient", any_nan=True)

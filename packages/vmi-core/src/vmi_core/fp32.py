@@ -1,6 +1,7 @@
 """Single fp32 operations in torch with the rounding a kernel gives them: the torch twins of
 ``vmi_core.tl.simd.fma`` and ``vmi_core.tl.simd.exp``, and the subnormal flush of the Ascend
-vector division (twin of ``vmi_core.tl.formats.flush_subnormal``).
+vector division (twin of ``vmi_core.tl.formats.flush_subnormal``) and that division itself
+(``ascend_quotient``, twin of ``vmi_core.tl.formats.ascend_quotient``).
 
 torch has no fused multiply-add, and its float32 ``exp`` is not correctly rounded (within an ulp),
 so neither can serve as the oracle of a kernel that is bit-exact. Both are computed in float64:
@@ -74,8 +75,8 @@ def exp(x: torch.Tensor) -> torch.Tensor:
 
 
 def division_flushes_subnormals(flavor: str | Flavor) -> bool:
-    """Whether the flavor's fp32 division flushes subnormal operands and results to signed zero
-    (the Ascend vector division unit does; CUDA divides as IEEE 754 says)."""
+    """Whether the flavor divides as the Ascend vector division does (``ascend_quotient``: subnormal
+    operands and results flushed to signed zero) rather than as IEEE 754 says (CUDA)."""
     return get_flavor(flavor).name == "ascend"
 
 
@@ -84,3 +85,31 @@ def flush_subnormal(t: torch.Tensor) -> torch.Tensor:
     bits = f32_bits(t)
     subnormal = (bits & 0x7FFFFFFF) < _MIN_NORMAL_BITS
     return f32_from_bits(torch.where(subnormal, bits & _SIGN, bits))
+
+
+def ascend_quotient(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """The Ascend fp32 vector division (TileLang's ``vdiv_0ulp_ftz_true``) of float32 tensors:
+    the instruction's quotient ``q`` (subnormal operands and result flushed to signed zero,
+    correctly rounded), then its neighbour below or above by bit pattern where that one's residual
+    ``|fma(q', -d, n)|`` is smaller (below: also where equal). Only where the residuals underflow
+    (quotients below about 2^-100) does this move a correctly rounded quotient. Zeros, infinities
+    and NaN stay. The twin of ``vmi_core.tl.formats.ascend_quotient``."""
+    numerator, denominator = torch.broadcast_tensors(numerator, denominator)
+    q = flush_subnormal(flush_subnormal(numerator) / flush_subnormal(denominator))
+    bits = q.view(torch.int32)
+    below, above = (bits - 1).view(torch.float32), (bits + 1).view(torch.float32)
+    neg = -denominator
+    residual, residual_below = fma(q, neg, numerator).abs(), fma(below, neg, numerator).abs()
+    keep_q = residual < residual_below
+    best = torch.where(keep_q, residual, residual_below)
+    pick = torch.where(keep_q, q, below)
+    pick = torch.where(fma(above, neg, numerator).abs() < best, above, pick)
+    return torch.where((q == 0) | q.isinf() | q.isnan(), q, pick)
+
+
+def divide(numerator: torch.Tensor, denominator: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
+    """The flavor's fp32 quotient of float32 tensors: IEEE (``cuda``) or the Ascend vector
+    division (``ascend``, ``ascend_quotient``)."""
+    if division_flushes_subnormals(flavor):
+        return ascend_quotient(numerator, denominator)
+    return numerator / denominator

@@ -36,7 +36,7 @@ import torch
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.targets import get_flavor, require_kernel
-from vmi_core.tl.formats import flush_subnormal
+from vmi_core.tl.formats import flavor_quotient
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, bitcast, keep, select
 from vmi_core.tl.vector import ChunkAt, gather, load, phase_barrier, store
@@ -177,10 +177,7 @@ def build_pre_split_mixes_bwd(spec: PreSplitMixesSpec, target: str):
         return at.i < num_valid
 
     def post_ratio(p, post_divisor):
-        # The flavor's quotient p / m (the divisor is normal or +inf: only p can be subnormal).
-        if spec.flush_division and not sh.in_simd:
-            return flush_subnormal(flush_subnormal(p) / post_divisor)
-        return p / post_divisor
+        return flavor_quotient(p, post_divisor, spec.flush_division, sh.in_simd)
 
     def pre_grad(tiles, entries, m, post_divisor, at):
         s = keep(sigmoid(entries.logit(m, 0), spec.flush_division, sh.in_simd))

@@ -144,17 +144,9 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
     def either(p, q):
         return p | q if isinstance(p, Pred) else tirx.Or(p, q)
 
-    def flush(v):
-        """A subnormal fp32 value as the zero of its sign."""
-        v = keep(v)
-        return select(F.abs_bits(v) < F.u32(0x800000), F.f32_from_bits(F.f32_bits(v) & F.u32(0x80000000)), v)
-
     def divide(num, den):
-        # The ascend flavor models the vector unit's division, which flushes subnormal operands
-        # and quotients (the vector form is that instruction).
-        if isinstance(den, Vec) or spec.flavor != "ascend":
-            return num / den
-        return flush(flush(num) / flush(den))
+        # The ascend flavor's division is the vector unit's (the vector form is that instruction).
+        return F.flavor_quotient(num, den, spec.flavor == "ascend", isinstance(den, Vec))
 
     def out_value(v):
         return F.f32_to_bf16(v) if spec.out_fmt == "bf16" else v

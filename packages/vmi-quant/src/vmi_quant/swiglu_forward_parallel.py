@@ -80,12 +80,10 @@ def clamp_gate_up(a, b, clamp):
 
 def silu_quotient(a, flush_division: bool, in_simd: bool):
     """``fl(a / fl(1 + exp(-a)))`` of an fp32 lane value (bound once: ``keep``), with the correctly
-    rounded exp; ``flush_division``: subnormal operand and quotient flushed to signed zero, as the
-    Ascend vector division does by itself (``in_simd``) and scalar code models."""
-    denominator = 1.0 + exp(-a)
-    if flush_division and not in_simd:
-        return F.flush_subnormal(F.flush_subnormal(a) / denominator)
-    return a / denominator
+    rounded exp; ``flush_division``: the Ascend vector division (subnormal operand and quotient
+    flushed to signed zero, ``vmi_core.tl.formats.ascend_quotient``), which SIMD regions run
+    (``in_simd``) and scalar code models."""
+    return F.flavor_quotient(a, 1.0 + exp(-a), flush_division, in_simd)
 
 
 def build_swiglu_forward(spec: SwigluForwardSpec, target: str):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import tilelang.language as T
 
-from .simd import Pred, Vec, bitcast, cast, keep, minimum, select, widen
+from .simd import Pred, Vec, absolute, bitcast, cast, fma, keep, minimum, select, widen
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -30,6 +30,7 @@ _F32_ABS = 0x7FFFFFFF
 _F32_SIGN = 0x80000000
 _F32_INF = 0x7F800000
 _F32_MIN_NORMAL_BITS = 0x00800000
+_F32_NEG_INF_BITS = 0xFF800000
 _E4M3_MAX_BITS = 0x43E00000  # 448.0
 _E4M3_MIN_NORMAL_BITS = 0x3C800000  # 2^-6
 _E2M1_ONE_BITS = 0x3F800000  # 1.0, the smallest normal E2M1 magnitude
@@ -75,6 +76,44 @@ def flush_subnormal(x):
     division treats its operands and result); the torch twin is ``vmi_core.fp32.flush_subnormal``."""
     bits = keep(f32_bits(x))
     return f32_from_bits(select((bits & u32(_F32_ABS)) < u32(_F32_MIN_NORMAL_BITS), bits & u32(_F32_SIGN), bits))
+
+
+def ascend_quotient(num, den, flushed_den=None):
+    """The Ascend fp32 vector division of fp32 scalars, as scalar code: TileLang's
+    ``vdiv_0ulp_ftz_true``. The instruction's quotient ``q`` (subnormal operands and result
+    flushed to signed zero, correctly rounded), then its neighbour below or above (by bit pattern)
+    where that one's residual ``|fma(q', -den, num)|`` is smaller (the one below also where it is
+    equal): the wrapper's correction of an instruction that may be an ulp off. It moves a correctly
+    rounded quotient only where the residuals underflow (quotients below about 2^-100). Zeros,
+    infinities and NaN stay. ``flushed_den``: ``flush_subnormal(den)``, when the caller divides
+    several values by one denominator. Inside a SIMD region the vector ``/`` is this division;
+    the torch twin is ``vmi_core.fp32.ascend_quotient``."""
+    num = keep(num)
+    den = keep(den)
+    if flushed_den is None:
+        flushed_den = keep(flush_subnormal(den))
+    q = keep(flush_subnormal(flush_subnormal(num) / flushed_den))
+    bits = keep(f32_bits(q))
+    below = keep(f32_from_bits(bits - u32(1)))
+    above = keep(f32_from_bits(bits + u32(1)))
+    neg_den = keep(-den)
+    residual = keep(absolute(fma(q, neg_den, num)))
+    residual_below = keep(absolute(fma(below, neg_den, num)))
+    keep_q = keep(residual < residual_below)
+    best = keep(select(keep_q, residual, residual_below))
+    pick = keep(select(keep_q, q, below))
+    pick = keep(select(absolute(fma(above, neg_den, num)) < best, above, pick))
+    special = (q == f32_const(0.0)) | ((bits | u32(_F32_SIGN)) >= u32(_F32_NEG_INF_BITS))
+    return keep(select(special, q, pick))
+
+
+def flavor_quotient(num, den, ascend_division: bool, in_simd: bool):
+    """``num / den`` of fp32 lane values as the flavor divides: IEEE (``ascend_division`` False),
+    else the Ascend vector division, which is the vector ``/`` itself in a SIMD region
+    (``in_simd``) and ``ascend_quotient`` in scalar code."""
+    if ascend_division and not in_simd:
+        return ascend_quotient(num, den)
+    return num / den
 
 
 def flag(cond):

@@ -5,7 +5,7 @@ Every step is one fp32 operation with its own rounding, in the order the kernels
 * ``z = fl(fl(x · g_c) + b)`` (two roundings, no fused multiply-add) with the gain
   ``g_c = scale[min(2, i div n)]`` of entry ``i``;
 * ``σ(z) = fl(1 / fl(exp(-z) + 1))`` with the correctly rounded exp (``vmi_core.fp32.exp``) and
-  the flavor's division (subnormal quotients flushed on the ``ascend`` flavor);
+  the flavor's division (``vmi_core.fp32.divide``: the Ascend vector division on the ``ascend`` flavor);
 * ``pre = fl(σ + f32(pre_eps))``, ``post = fl(σ · f32(post_mult))``, ``comb = z``;
 * backward: ``gz_pre = fl(fl(d · s) · fl(1 - s))`` with ``s`` recomputed,
   ``gz_post = fl(fl(d · p) · fl(1 - fl(p / f32(post_mult))))`` with the saved ``p`` (the quotient
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from vmi_core.fp32 import division_flushes_subnormals, exp, flush_subnormal
+from vmi_core.fp32 import divide, exp
 from vmi_core.sums import lane_sum
 from vmi_core.targets import Flavor
 
@@ -38,9 +38,8 @@ def gain_index(mhc_mult: int) -> torch.Tensor:
 
 
 def sigmoid(z: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
-    """``fl(1 / fl(exp(-z) + 1))`` of fp32 ``z``; subnormal quotients flushed on the ascend flavor."""
-    quotient = 1.0 / (exp(-z) + 1.0)
-    return flush_subnormal(quotient) if division_flushes_subnormals(flavor) else quotient
+    """``fl(1 / fl(exp(-z) + 1))`` of fp32 ``z`` with the flavor's division (``vmi_core.fp32.divide``)."""
+    return divide(torch.ones_like(z), exp(-z) + 1.0, flavor)
 
 
 def _logits(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor, mhc_mult: int):
@@ -59,12 +58,6 @@ def pre_split_mixes_fwd(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_
     return pre, post, z[:, 2 * n:].clone(memory_format=torch.contiguous_format)
 
 
-def _divide(numerator: torch.Tensor, denominator: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
-    if division_flushes_subnormals(flavor):
-        return flush_subnormal(flush_subnormal(numerator) / flush_subnormal(denominator))
-    return numerator / denominator
-
-
 def logit_grads(pre_layer_mix_grad: torch.Tensor, post_layer_mix_grad: torch.Tensor,
                 comb_res_mix_grad: torch.Tensor, input_mixes: torch.Tensor, post_layer_mix: torch.Tensor,
                 mhc_scale: torch.Tensor, mhc_base: torch.Tensor, mhc_post_mult_value: float,
@@ -76,7 +69,7 @@ def logit_grads(pre_layer_mix_grad: torch.Tensor, post_layer_mix_grad: torch.Ten
     gz_pre = (pre_layer_mix_grad * s) * (1.0 - s)
     p = post_layer_mix
     mult = torch.tensor(mhc_post_mult_value, dtype=torch.float32)
-    ratio = torch.zeros_like(p) if mhc_post_mult_value == 0 else _divide(p, mult.expand_as(p), flavor)
+    ratio = torch.zeros_like(p) if mhc_post_mult_value == 0 else divide(p, mult.expand_as(p), flavor)
     gz_post = (post_layer_mix_grad * p) * (1.0 - ratio)
     return torch.cat([gz_pre, gz_post, comb_res_mix_grad], dim=1)
 

@@ -14,41 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from vmi_core.fp32 import exp, fma
+from vmi_core.fp32 import divide, exp
 from vmi_core.targets import Flavor, get_flavor
-
-_MIN_NORMAL = torch.finfo(torch.float32).tiny
-
-
-def _flush_subnormal(t: torch.Tensor) -> torch.Tensor:
-    """Subnormal values as the zero of their sign (``t * 0``; NaN compares false and stays)."""
-    return torch.where(t.abs() < _MIN_NORMAL, t * 0.0, t)
-
-
-def _ascend_vector_quotient(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
-    """The Ascend fp32 vector division (TileLang's ``vdiv_0ulp_ftz_true``): the instruction's
-    quotient ``q`` (subnormal operands and result flushed to signed zero, correctly rounded), then
-    its neighbour below or above by bit pattern where that one's residual ``|fma(q', -d, n)|`` is
-    smaller (below: also where equal). Only where the residuals underflow (quotients below about
-    2^-100) does this move a correctly rounded quotient. Zeros, infinities and NaN stay."""
-    numerator, denominator = torch.broadcast_tensors(numerator, denominator)
-    q = _flush_subnormal(_flush_subnormal(numerator) / _flush_subnormal(denominator))
-    bits = q.view(torch.int32)
-    below, above = (bits - 1).view(torch.float32), (bits + 1).view(torch.float32)
-    neg = -denominator
-    residual, residual_below = fma(q, neg, numerator).abs(), fma(below, neg, numerator).abs()
-    keep_q = residual < residual_below
-    best = torch.where(keep_q, residual, residual_below)
-    pick = torch.where(keep_q, q, below)
-    pick = torch.where(fma(above, neg, numerator).abs() < best, above, pick)
-    return torch.where((q == 0) | q.isinf() | q.isnan(), q, pick)
-
-
-def divide(numerator: torch.Tensor, denominator: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
-    """The flavor's fp32 quotient: IEEE (``cuda``) or the Ascend vector division (``ascend``)."""
-    if get_flavor(flavor).name == "ascend":
-        return _ascend_vector_quotient(numerator, denominator)
-    return numerator / denominator
 
 
 def line_sum(t: torch.Tensor, dim: int, flavor: str | Flavor) -> torch.Tensor:

@@ -7,26 +7,23 @@ repeat them (``head_compute_mix``, ``pre_big_fuse``). CUDA writes ``1 / (1 + exp
 rounded one of ``vmi_core.tl.simd.exp`` (torch twin ``vmi_core.fp32.exp``); its subnormal results
 (``z > 87``) vanish in ``+ 1`` on every target, so the vector form's flush does not show.
 
-The division is the flavor's: IEEE on the ``cuda`` flavor; on the ``ascend`` flavor subnormal
-results are flushed to the zero of their sign (``z < -87.3``), as the Ascend vector division
-does by itself in SIMD regions and scalar code models (the operands, 1 and a value >= 1, are
-never subnormal). The torch twin is ``vmi_mhc.reference.pre_split_mixes.sigmoid``.
+The division is the flavor's: IEEE on the ``cuda`` flavor; on the ``ascend`` flavor the Ascend
+vector division (``vmi_core.tl.formats.ascend_quotient``: subnormal results flushed to the zero
+of their sign, ``z < -87.3``, and the residual check that can move quotients below about 2^-100
+by an ulp), which SIMD regions run and scalar code models. The torch twin is
+``vmi_mhc.reference.pre_split_mixes.sigmoid``.
 """
 
 from __future__ import annotations
 
-from vmi_core.tl.formats import flush_subnormal
+from vmi_core.tl.formats import flavor_quotient
 from vmi_core.tl.simd import exp, keep
 
 
 def sigmoid(z, flush_division: bool, in_simd: bool):
     """``fl(1 / fl(exp(-z) + 1))`` of an fp32 lane value ``z`` (a scalar expression or a ``Vec``).
 
-    ``flush_division``: the ``ascend`` flavor's division (subnormal quotients flushed), applied
-    explicitly outside SIMD regions (``in_simd`` False) and by the vector division inside them.
+    ``flush_division``: the ``ascend`` flavor's division, modelled outside SIMD regions (``in_simd``
+    False) and the vector division itself inside them.
     """
-    denominator = keep(exp(-z) + 1.0)
-    quotient = 1.0 / denominator
-    if flush_division and not in_simd:
-        return flush_subnormal(quotient)
-    return quotient
+    return flavor_quotient(1.0, keep(exp(-z) + 1.0), flush_division, in_simd)

@@ -13,7 +13,8 @@ Per flavor (spec §3.9.2, §5.1):
 * divisions: ``cuda`` IEEE; ``ascend`` the Ascend vector division (TileLang's default
   ``vdiv_0ulp_ftz_true``: the division instruction, which flushes subnormal operands and
   quotients to signed zero, and a residual check of the quotient's neighbours, which moves it by
-  an ulp where the residuals underflow); the vector form is that division, scalar code models it;
+  an ulp where the residuals underflow); the vector form is that division, scalar code models it
+  (``vmi_core.tl.formats.ascend_quotient``);
 * ``exp(x - rowmax)``: correctly rounded (``vmi_core.tl.simd.exp``); the max of 4 is
   order-free.
 """
@@ -23,12 +24,10 @@ from __future__ import annotations
 import tilelang.language as T
 
 from vmi_core.tl import formats as F
-from vmi_core.tl.simd import LaneVar, Vec, absolute, exp, fma, keep, maximum, select
+from vmi_core.tl.simd import LaneVar, Vec, exp, keep, maximum
 
 N = 4
 ENTRIES = N * N
-_MIN_NORMAL_BITS = 0x00800000
-_NEG_INF_BITS = 0xFF800000
 
 
 def rows(m: list) -> list[list]:
@@ -49,44 +48,13 @@ def sum4(values: list, flavor: str):
     return keep(((a0 + a1) + a2) + a3)
 
 
-def _flush_subnormal(x):
-    """A subnormal fp32 scalar as the zero of its sign."""
-    x = keep(x)
-    return keep(select(F.abs_bits(x) < F.u32(_MIN_NORMAL_BITS), F.f32_from_bits(F.f32_bits(x) & F.u32(0x80000000)),
-                       x))
-
-
-def _ascend_quotient(num, den, flushed_den):
-    """The Ascend fp32 vector division as scalar code: TileLang's ``vdiv_0ulp_ftz_true``, the
-    instruction's quotient (subnormal operands and result flushed to signed zero, correctly
-    rounded), then its neighbour below or above (by bit pattern) where that one's residual
-    ``|fma(q', -den, num)|`` is smaller (the one below also where it is equal): the wrapper's
-    correction of an instruction that may be an ulp off, which moves a correctly rounded quotient
-    only when the residuals underflow (quotients below about 2^-100). Zeros, infinities and NaN
-    stay."""
-    num = keep(num)
-    q = _flush_subnormal(_flush_subnormal(num) / flushed_den)
-    bits = keep(F.f32_bits(q))
-    below = keep(F.f32_from_bits(bits - F.u32(1)))
-    above = keep(F.f32_from_bits(bits + F.u32(1)))
-    neg_den = keep(-den)
-    residual = keep(absolute(fma(q, neg_den, num)))
-    residual_below = keep(absolute(fma(below, neg_den, num)))
-    keep_q = keep(residual < residual_below)
-    best = keep(select(keep_q, residual, residual_below))
-    pick = keep(select(keep_q, q, below))
-    pick = keep(select(absolute(fma(above, neg_den, num)) < best, above, pick))
-    special = (q == F.f32_const(0.0)) | ((bits | F.u32(0x80000000)) >= F.u32(_NEG_INF_BITS))
-    return keep(select(special, q, pick))
-
-
 def divide_by(values: list, den, flavor: str) -> list:
     """The flavor's fp32 quotients ``v / den`` of lane values (see the module docstring)."""
     if isinstance(den, Vec) or flavor != "ascend":
         return [keep(v / den) for v in values]
     den = keep(den)
-    flushed_den = _flush_subnormal(den)
-    return [_ascend_quotient(v, den, flushed_den) for v in values]
+    flushed_den = keep(F.flush_subnormal(den))
+    return [F.ascend_quotient(v, den, flushed_den) for v in values]
 
 
 def softmax_rows(logits: list, flavor: str) -> list:

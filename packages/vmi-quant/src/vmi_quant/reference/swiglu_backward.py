@@ -8,8 +8,8 @@ fixed lane order ``vmi_core.sums.lane_sum_fused``. Where the flavors differ:
 * ``inner = 1 + a'(1 - s)``: ``cuda`` fuses it, ``fma(a', 1 - s, 1)``; ``ascend`` rounds the
   product and the sum separately, ``f32(1 + f32(a' · f32(1 - s)))``.
 * the two divisions ``s = 1 / den`` and ``a' / den``: ``cuda`` divides in IEEE fp32; ``ascend``
-  models the vector unit's division, which flushes subnormal operands and quotients to zero
-  (sign kept). Only ``a' < -87.3`` (a subnormal ``s``) or a subnormal gate value differ. The clamp,
+  models the vector unit's division (``vmi_core.fp32.divide``), which flushes subnormal operands
+  and quotients to zero (sign kept) and corrects quotients below about 2^-100 by a residual check. The clamp,
   the divisions and the row weights are the forward reference's (``reference.swiglu_forward``).
 
 Rows that are not valid (psum padding, see ``vmi_quant.inputs.expert_rows``) are written as +0
@@ -21,12 +21,12 @@ from __future__ import annotations
 import torch
 
 from vmi_core.formats import e4m3_decode
-from vmi_core.fp32 import exp, fma
+from vmi_core.fp32 import divide, exp, fma
 from vmi_core.sums import lane_sum_fused
 from vmi_core.targets import Flavor, get_flavor
 
 from .cast import cast
-from .swiglu_forward import clamp_gate_up, divide, row_weights
+from .swiglu_forward import clamp_gate_up, row_weights
 
 
 def dequantize_halves(x, num_per_channels: int | None):

@@ -9,17 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from vmi_core.fp32 import division_flushes_subnormals, exp, flush_subnormal
+from vmi_core.fp32 import divide, exp
 from vmi_core.targets import Flavor
 from vmi_quant.inputs import expert_rows
 from vmi_quant.reference.cast import canonical_nan, cast
-
-
-def divide(numerator: torch.Tensor, denominator: torch.Tensor, flavor: str | Flavor) -> torch.Tensor:
-    """The flavor's fp32 quotient: correctly rounded, with subnormals flushed where it flushes them."""
-    if division_flushes_subnormals(flavor):
-        return flush_subnormal(flush_subnormal(numerator) / flush_subnormal(denominator))
-    return numerator / denominator
 
 
 def clamp_gate_up(gate: torch.Tensor, up: torch.Tensor, clamp_value: float | None):
