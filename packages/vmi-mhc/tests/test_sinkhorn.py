@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
+from vmi_core.fp32 import flush_subnormal
 from vmi_core.testing import assert_bitwise_equal, generator
 from vmi_mhc import mhc_sinkhorn_bwd, mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd, mhc_sinkhorn_fwd_parallel
 from vmi_mhc.reference import sinkhorn as reference
@@ -86,8 +87,7 @@ def test_ascend_division_with_underflowing_residuals(monkeypatch) -> None:
     assert_bitwise_equal(grad_input, expected, "ascend flavor")
 
     def flushed_quotient(numerator, denominator, flavor):
-        flush = reference._flush_subnormal
-        return flush(flush(numerator) / flush(denominator))
+        return flush_subnormal(flush_subnormal(numerator) / flush_subnormal(denominator))
 
     monkeypatch.setattr(reference, "divide", flushed_quotient)
     without_check = reference.sinkhorn_backward(UNDERFLOW_GRAD, UNDERFLOW_LOGITS, 10, 1e-6, "ascend")

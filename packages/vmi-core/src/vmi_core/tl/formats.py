@@ -88,8 +88,8 @@ def ascend_quotient(num, den, flushed_den=None):
     infinities and NaN stay. ``flushed_den``: ``flush_subnormal(den)``, when the caller divides
     several values by one denominator. Inside a SIMD region the vector ``/`` is this division;
     the torch twin is ``vmi_core.fp32.ascend_quotient``."""
-    num = keep(num)
-    den = keep(den)
+    num = keep(f32_const(num) if isinstance(num, float) else num)
+    den = keep(f32_const(den) if isinstance(den, float) else den)
     if flushed_den is None:
         flushed_den = keep(flush_subnormal(den))
     q = keep(flush_subnormal(flush_subnormal(num) / flushed_den))
