@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tilelang.language as T
 
-from vmi_core.tl.simd import Vec, fma
+from vmi_core.tl.simd import LANES, Vec, fma
 from vmi_core.tl.vector import ChunkAt, ElementAt
 
 
@@ -26,6 +26,15 @@ def row_at(at, row=None):
     when ``row`` is None (``ChunkAt`` for vector code, ``ElementAt`` for a scalar lane)."""
     head = () if row is None else (row,)
     return ChunkAt(head, at.col0) if at.vector else ElementAt(head, at.j)
+
+
+def stream_weight(mix, at, stream):
+    """The weight of stream ``stream`` (an int or a loop variable) in every lane of ``at``, from the
+    token's weights in a lane table ``mix`` (``Shell.lane_table``): vector code gathers it into
+    the lanes (lane ``l`` of the chunk at column ``stream · LANES`` belongs to group ``stream``)."""
+    if at.vector:
+        return ChunkAt((), stream * LANES).group(mix, LANES)
+    return mix[stream]
 
 
 def stream_mix(flavor: str, mixes, streams):
