@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+import vmi_mhc
 import vmi_moe
 import vmi_quant
 from vmi_core.library import KERNEL_OPS, NAMESPACE
@@ -126,6 +127,14 @@ VARIANTS = {
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
+    # The preallocated outputs of the kernel-level mHC API (the .out overloads), two streams, a hidden
+    # size with a register tail, and mix as (T, n, 1).
+    "expand_to_mhc_fwd-out": lambda: vmi_mhc.expand_to_mhc_fwd(
+        X[:, :200].contiguous(), torch.empty(12, 2, 200, dtype=torch.bfloat16)),
+    "expand_to_mhc_bwd-out": lambda: vmi_mhc.expand_to_mhc_bwd(
+        X.view(12, 2, 128), torch.empty(12, 128, dtype=torch.bfloat16)),
+    "mhc_pre_apply_mix_fwd-out": lambda: vmi_mhc.mhc_pre_apply_mix_fwd(
+        X.view(12, 2, 128), torch.rand(12, 2, 1), torch.empty(12, 128, dtype=torch.bfloat16)),
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

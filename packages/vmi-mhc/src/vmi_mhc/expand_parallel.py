@@ -50,6 +50,10 @@ def build_expand_fwd(spec: ExpandSpec, target: str):
     M = TK.dynamic("M")
     H = TK.dynamic("H")
 
+    @T.macro
+    def replicate(x, o):
+        sh.elementwise((n, BH), lambda at: row_at(at).load(x), o)
+
     @TK.prim_func
     def expand_fwd_kernel(X: TK.Tensor((M, H), "uint16"), O: TK.Tensor((M, n, H), "uint16")):
         with sh.persistent_kernel() as worker:
@@ -62,7 +66,7 @@ def build_expand_fwd(spec: ExpandSpec, target: str):
                 sh.buffer_versions({x: VERSIONS, o: VERSIONS})
                 sh.copy(X[t, h0], x)
                 with sh.vector(SIMD):
-                    sh.elementwise((n, BH), lambda at: row_at(at).load(x), o)
+                    replicate(x, o)
                 sh.copy(o, O[t, 0, h0])
 
     return expand_fwd_kernel
@@ -82,6 +86,10 @@ def build_expand_bwd(spec: ExpandSpec, target: str):
             total = total + F.bf16_to_f32(row_at(at, m).load(og))
         return F.f32_to_bf16(total)
 
+    @T.macro
+    def reduce_streams(og, xg):
+        sh.elementwise((BH,), lambda at: stream_sum(og, at), xg)
+
     @TK.prim_func
     def expand_bwd_kernel(OG: TK.Tensor((M, n, H), "uint16"), XG: TK.Tensor((M, H), "uint16")):
         with sh.persistent_kernel() as worker:
@@ -93,7 +101,7 @@ def build_expand_bwd(spec: ExpandSpec, target: str):
                 sh.buffer_versions({og: VERSIONS, xg: VERSIONS})
                 sh.copy(OG[t, 0, h0], og)
                 with sh.vector(SIMD):
-                    sh.elementwise((BH,), lambda at: stream_sum(og, at), xg)
+                    reduce_streams(og, xg)
                 sh.copy(xg, XG[t, h0])
 
     return expand_bwd_kernel

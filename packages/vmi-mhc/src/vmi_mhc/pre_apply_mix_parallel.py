@@ -96,6 +96,10 @@ def build_pre_apply_mix_fwd(spec: PreApplyMixFwdSpec, target: str):
         streams = [F.bf16_to_f32(row_at(at, m).load(x)) for m in range(n)]
         return F.f32_to_bf16(stream_mix(spec.flavor, weights, streams))
 
+    @T.macro
+    def apply_mix(x, mix, o):
+        sh.elementwise((BH,), lambda at: mixed(x, mix, at), o)
+
     @TK.prim_func
     def pre_apply_mix_fwd_kernel(X: TK.Tensor((M, n, H), "uint16"), MIX: TK.Tensor((M, n), "float32"),
                                  O: TK.Tensor((M, H), "uint16")):
@@ -111,7 +115,7 @@ def build_pre_apply_mix_fwd(spec: PreApplyMixFwdSpec, target: str):
                 sh.copy(MIX[t, 0], mix)
                 sh.copy(X[t, 0, h0], x)
                 with sh.vector(SIMD):
-                    sh.elementwise((BH,), lambda at: mixed(x, mix, at), o)
+                    apply_mix(x, mix, o)
                 sh.copy(o, O[t, h0])
 
     return pre_apply_mix_fwd_kernel
