@@ -168,9 +168,9 @@ def test_parallel_entry_points_and_torch_target_agree():
 def test_custom_ops_allocate_and_write_outputs():
     # torch.ops.vmi.expand_to_mhc_fwd(x, n) allocates o; its .out overload writes a given one.
     x = randn((5, 96), 9, torch.bfloat16)
-    o = torch.ops.vmi.expand_to_mhc_fwd(x, 2)
-    assert_bitwise_equal(o, reference.expand_to_mhc_fwd(x, 2), "o")
-    given = torch.empty(5, 2, 96, dtype=torch.bfloat16)
-    torch.ops.vmi.expand_to_mhc_fwd.out(x, 2, o=given)
+    o = torch.ops.vmi.expand_to_mhc_fwd(x, 4)
+    assert_bitwise_equal(o, reference.expand_to_mhc_fwd(x, 4), "o")
+    given = torch.empty(5, 4, 96, dtype=torch.bfloat16)
+    torch.ops.vmi.expand_to_mhc_fwd.out(x, 4, o=given)
     assert_bitwise_equal(given, o, "o (out)")
     assert_bitwise_equal(torch.ops.vmi.expand_to_mhc_bwd(o), reference.expand_to_mhc_bwd(o), "x_grad")
