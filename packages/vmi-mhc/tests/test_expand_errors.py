@@ -85,12 +85,10 @@ def test_bad_backward_arguments(call, error, match):
 
 
 def test_outputs_overlapping_inputs_are_refused():
-    x = torch.ones(8, 4 * 64, dtype=torch.bfloat16)
-    # o over the same memory as x (x viewed as one stream's worth of each token's row).
-    o = x.view(2, 4, 4, 64)[0].clone()
+    # x inside o's memory; x_grad inside o_grad's.
     shared = torch.ones(8 * 4 * 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="o shares memory with x"):
         expand_to_mhc_fwd(shared[:8 * 64].view(8, 64), shared.view(8, 4, 64))
     with pytest.raises(ValueError, match="x_grad shares memory with o_grad"):
         expand_to_mhc_bwd(shared.view(8, 4, 64), shared[-8 * 64:].view(8, 64))
-    assert torch.equal(shared, torch.ones_like(shared)) and o.shape == (4, 4, 64)
+    assert torch.equal(shared, torch.ones_like(shared))
