@@ -161,6 +161,14 @@ VARIANTS = {
     "mhc_sinkhorn_fwd-out": lambda: vmi_mhc.mhc_sinkhorn_fwd(COMB, torch.empty_like(COMB), 3, 1e-2),
     "mhc_sinkhorn_bwd-out": lambda: vmi_mhc.mhc_sinkhorn_bwd(COMB.flip(0), COMB, torch.empty_like(COMB), 3, 1e-2),
     "mhc_pre_norm_fn_gemm-out": _prenorm_gemm_into_given_outputs,
+    # The preallocated outputs of the kernel-level mHC API (the .out overloads), two streams, a hidden
+    # size with a register tail, and mix as (T, n, 1).
+    "expand_to_mhc_fwd-out": lambda: vmi_mhc.expand_to_mhc_fwd(
+        X[:, :200].contiguous(), torch.empty(12, 2, 200, dtype=torch.bfloat16)),
+    "expand_to_mhc_bwd-out": lambda: vmi_mhc.expand_to_mhc_bwd(
+        X.view(12, 2, 128), torch.empty(12, 128, dtype=torch.bfloat16)),
+    "mhc_pre_apply_mix_fwd-out": lambda: vmi_mhc.mhc_pre_apply_mix_fwd(
+        X.view(12, 2, 128), torch.rand(12, 2, 1), torch.empty(12, 128, dtype=torch.bfloat16)),
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

@@ -21,3 +21,14 @@ def check_mhc_mult(mhc_mult: int, name: str, op: str) -> int:
     if mhc_mult != MHC_MULT:
         raise ValueError(f"{op}: {name} must be {MHC_MULT} (the kernel is specialised on 4 streams), got {mhc_mult}")
     return mhc_mult
+
+MAX_STREAMS = 16
+"""The largest stream count ``n`` of the ops that take any (``expand``, ``pre_apply_mix``): each
+``n`` is a kernel specialisation, and the per-token tiles grow with it."""
+
+
+def check_streams(mhc_mult: int, name: str) -> int:
+    """``mhc_mult`` when it is a stream count in ``[1, MAX_STREAMS]``."""
+    if not 1 <= mhc_mult <= MAX_STREAMS:
+        raise ValueError(f"{name} must be in [1, {MAX_STREAMS}] (the number of streams), got {mhc_mult}")
+    return mhc_mult
