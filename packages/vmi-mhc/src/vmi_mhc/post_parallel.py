@@ -189,24 +189,19 @@ def build_post_fwd(spec: PostForwardSpec, target: str):
 
 # --- backward ----------------------------------------------------------------------------------
 
-def _mix_columns(x, res, g, post, comb, dx, dres, n: int, col, vector: bool, mixes=None):
+def _store(tile, index: tuple, value, vector: bool):
+    if vector:
+        T.evaluate(store(tile[index], value))
+    else:
+        T.buffer_store(tile, value, list(index))
+
+
+def _mix_columns(g, posts, combs, dx, dres, n: int, col, vector: bool):
     """``d_x`` and the ``n`` ``d_res`` streams of the column(s) at ``col``."""
-    posts, combs = mixes or ([post[o] for o in range(n)], [comb[k] for k in range(n * n)])
     grads = [_bf16(g, (o, col), vector) for o in range(n)]
-    values = [(dx, (col,), weighted_sum(posts, grads))]
-    values += [(dres, (i, col), weighted_sum(combs[i * n:(i + 1) * n], grads)) for i in range(n)]
-    for tile, index, value in values:
-        if vector:
-            T.evaluate(store(tile[index], F.f32_to_bf16(value)))
-        else:
-            T.buffer_store(tile, F.f32_to_bf16(value), list(index))
-
-
-def _mix_registers(x, res, g, post, comb, dx, dres, n: int, block: int):
-    mixes = ([_scalar(post, o, True) for o in range(n)], [_scalar(comb, k, True) for k in range(n * n)])
-    with T.serial(block // LANES) as c:
-        _mix_columns(x, res, g, post, comb, dx, dres, n, c * LANES, True, mixes)
-    phase_barrier()
+    _store(dx, (col,), F.f32_to_bf16(weighted_sum(posts, grads)), vector)
+    for i in range(n):
+        _store(dres, (i, col), F.f32_to_bf16(weighted_sum(combs[i * n:(i + 1) * n], grads)), vector)
 
 
 def _partial_terms(x, res, g, n: int, col, vector: bool):
@@ -218,34 +213,43 @@ def _partial_terms(x, res, g, n: int, col, vector: bool):
     return [(grads[o], xv) for o in range(n)] + [(streams[i], grads[o]) for i in range(n) for o in range(n)]
 
 
-def _accumulate(running, terms, column, hidden: int, padded: bool):
-    # Columns past H (a register tail) hold zeros (cpu) or stale data (Ascend): their products stay out.
-    for var, (a, b) in zip(running, terms, strict=True):
-        value = fma(a, b, var.get())
-        var.set(select(column < hidden, value, var.get()) if padded else value)
+def _partial_rows(post_parts, comb_parts, n: int):
+    """The partial-sum rows in the order of ``_partial_terms``."""
+    return [(post_parts, o) for o in range(n)] + [(comb_parts, k) for k in range(n * n)]
 
 
 def _accumulate_lane(x, res, g, post_parts, comb_parts, n: int, hidden: int, h0, chunks, lane):
     # Lane ``lane``'s running sums in per-lane scalars, stored once (a read-modify-write of the tiles
     # in the loop would put a barrier inside it on cuda, in a branch only some threads take).
-    parts = [(post_parts, o) for o in range(n)] + [(comb_parts, k) for k in range(n * n)]
-    running = [LaneVar(False, "float32", tile[row, lane]) for tile, row in parts]
+    rows = _partial_rows(post_parts, comb_parts, n)
+    running = [LaneVar(False, "float32", tile[row, lane]) for tile, row in rows]
     with T.serial(chunks) as c:
         col = c * LANES + lane
-        _accumulate(running, _partial_terms(x, res, g, n, col, False), h0 + col, hidden, hidden % LANES != 0)
-    for (tile, row), var in zip(parts, running, strict=True):
+        # Columns past H (a register tail) hold zeros (cpu) or stale data (cuda): their products stay out.
+        inside = h0 + col < hidden
+        for var, (a, b) in zip(running, _partial_terms(x, res, g, n, col, False), strict=True):
+            value = fma(a, b, var.get())
+            var.set(select(inside, value, var.get()) if hidden % LANES else value)
+    for (tile, row), var in zip(rows, running, strict=True):
         T.buffer_store(tile, var.get(), [row, lane])
 
 
-def _accumulate_registers(x, res, g, post_parts, comb_parts, n: int, hidden: int, h0, chunks):
-    parts = [(post_parts, o) for o in range(n)] + [(comb_parts, k) for k in range(n * n)]
-    running = [LaneVar(True, "float32", load(tile[row, 0])) for tile, row in parts]
+def _tile_registers(x, res, g, post, comb, dx, dres, post_parts, comb_parts, n: int, hidden: int, h0, chunks):
+    # One pass per 64 columns: d_x and d_res, then the partial sums, updated in UB. Lanes past H
+    # hold stale data: the masked fused multiply-add keeps their partials as they were.
+    posts = [_scalar(post, o, True) for o in range(n)]
+    combs = [_scalar(comb, k, True) for k in range(n * n)]
+    rows = _partial_rows(post_parts, comb_parts, n)
     with T.serial(chunks) as c:
         col = c * LANES
-        _accumulate(running, _partial_terms(x, res, g, n, col, True), Vec.lane_index(h0 + col), hidden,
-                    hidden % LANES != 0)
-    for (tile, row), var in zip(parts, running, strict=True):
-        T.evaluate(store(tile[row, 0], var.get()))
+        _mix_columns(g, posts, combs, dx, dres, n, col, True)
+        inside = keep(Vec.lane_index(h0 + col) < hidden) if hidden % LANES else None
+        for (tile, row), (a, b) in zip(rows, _partial_terms(x, res, g, n, col, True), strict=True):
+            partial = load(tile[row, 0])
+            value = fma(a, b, partial)
+            T.evaluate(store(tile[row, 0], value if inside is None else select(inside, value, partial)))
+        # The next chunk loads the partials this one stored.
+        T.evaluate(simd().mem_bar("VST_VLD"))
     phase_barrier()
 
 
@@ -259,9 +263,9 @@ def build_post_bwd(spec: PostBackwardSpec, target: str):
     MR = TK.dynamic("MR")
 
     @T.macro
-    def mix_lanes(x, res, g, post, comb, dx, dres):
+    def mix_lanes(g, post, comb, dx, dres):
         for j in T.Parallel(HB):
-            _mix_columns(x, res, g, post, comb, dx, dres, n, j, False)
+            _mix_columns(g, [post[o] for o in range(n)], [comb[k] for k in range(n * n)], dx, dres, n, j, False)
 
     @T.macro
     def accumulate_lanes(x, res, g, post_parts, comb_parts, h0, chunks):
@@ -271,10 +275,9 @@ def build_post_bwd(spec: PostBackwardSpec, target: str):
     @T.macro
     def hidden_tile(x, res, g, post, comb, dx, dres, post_parts, comb_parts, h0, chunks):
         if sh.in_simd:
-            _mix_registers(x, res, g, post, comb, dx, dres, n, HB)
-            _accumulate_registers(x, res, g, post_parts, comb_parts, n, H, h0, chunks)
+            _tile_registers(x, res, g, post, comb, dx, dres, post_parts, comb_parts, n, H, h0, chunks)
         else:
-            mix_lanes(x, res, g, post, comb, dx, dres)
+            mix_lanes(g, post, comb, dx, dres)
             accumulate_lanes(x, res, g, post_parts, comb_parts, h0, chunks)
 
     @TK.prim_func
