@@ -33,18 +33,57 @@ def _weighted_sum(weights: list[torch.Tensor], values: list[torch.Tensor]) -> to
     return acc
 
 
+# Tokens per block of the evaluation: every token is independent, and blocks keep the float64
+# temporaries of the exact fp32 operations small.
+TOKEN_BLOCK = 128
+
+
+def _token_blocks(fn, *tensors):
+    """``fn`` over blocks of ``TOKEN_BLOCK`` tokens of ``tensors`` (leading dims flattened, each
+    tensor with its own trailing dims ``tensors[k].shape[2:]``), results concatenated back."""
+    lead = tensors[0].shape[:2]
+    flat = [t.reshape(-1, *t.shape[2:]) for t in tensors]
+    num_tokens = flat[0].shape[0]
+    blocks = [fn(*(t[start:start + TOKEN_BLOCK] for t in flat))
+              for start in range(0, num_tokens, TOKEN_BLOCK)] or [fn(*flat)]
+    results = blocks[0] if isinstance(blocks[0], tuple) else (blocks[0],)
+    joined = [torch.cat([b[k] if isinstance(b, tuple) else b for b in blocks]) for k in range(len(results))]
+    shaped = tuple(t.reshape(*lead, *t.shape[1:]) for t in joined)
+    return shaped if isinstance(blocks[0], tuple) else shaped[0]
+
+
+def _forward(x, residual, post_layer_mix, comb_res_mix):
+    n = residual.shape[-2]
+    xf = x.float().unsqueeze(-2)  # (T, 1, H)
+    res = residual.float()
+    post = post_layer_mix.float()  # (T, n, 1): post[o] against every column
+    comb = comb_res_mix.float()
+    weights = [post] + [comb[:, i, :].unsqueeze(-1) for i in range(n)]
+    values = [xf] + [res[:, i:i + 1, :] for i in range(n)]
+    return _weighted_sum(weights, values).to(torch.bfloat16)
+
+
 def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
                  comb_res_mix: torch.Tensor, flavor: str = "ascend") -> torch.Tensor:
-    """``out (..., n, H)`` bf16 from ``x (..., H)`` bf16, ``residual (..., n, H)`` bf16,
-    ``post_layer_mix (..., n, 1)`` fp32 and ``comb_res_mix (..., n, n)`` fp32."""
+    """``out (B, S, n, H)`` bf16 from ``x (B, S, H)`` bf16, ``residual (B, S, n, H)`` bf16,
+    ``post_layer_mix (B, S, n, 1)`` fp32 and ``comb_res_mix (B, S, n, n)`` fp32."""
+    return _token_blocks(_forward, x, residual, post_layer_mix, comb_res_mix)
+
+
+def _backward(x, residual, post_layer_mix, comb_res_mix, d_o):
     n = residual.shape[-2]
-    xf = x.float().unsqueeze(-2)  # (..., 1, H)
-    res = residual.float()
-    post = post_layer_mix.float()  # (..., n, 1): post[o] against every column
+    xf, res, grad = x.float(), residual.float(), d_o.float()
+    post = post_layer_mix.float()[..., 0]  # (T, n)
     comb = comb_res_mix.float()
-    weights = [post] + [comb[..., i, :].unsqueeze(-1) for i in range(n)]
-    values = [xf] + [res[..., i:i + 1, :] for i in range(n)]
-    return _weighted_sum(weights, values).to(torch.bfloat16)
+    g = [grad[:, o, :] for o in range(n)]
+    d_x = _weighted_sum([post[:, o:o + 1] for o in range(n)], g)
+    d_res = torch.stack([_weighted_sum([comb[:, i, o:o + 1] for o in range(n)], g) for i in range(n)], dim=1)
+    # The n + n² H-sums at once: (d_o[o], x) for d_post[o], then (res[i], d_o[o]) for d_comb[i, o].
+    firsts = torch.cat([grad, res.repeat_interleave(n, dim=1)], dim=1)
+    seconds = torch.cat([xf.unsqueeze(1).expand_as(grad), grad.repeat(1, n, 1)], dim=1)
+    sums = lane_sum_fused(firsts, seconds)
+    d_post, d_comb = sums[:, :n], sums[:, n:].reshape(-1, n, n)
+    return d_x.to(torch.bfloat16), d_res.to(torch.bfloat16), d_post.unsqueeze(-1), d_comb
 
 
 def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
@@ -52,17 +91,7 @@ def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(d_x, d_residual, d_post_layer_mix, d_comb_res_mix)`` shaped like the inputs: bf16, bf16,
     fp32, fp32."""
-    n = residual.shape[-2]
-    xf, res, grad = x.float(), residual.float(), d_o.float()
-    post = post_layer_mix.float()[..., 0]  # (..., n)
-    comb = comb_res_mix.float()
-    g = [grad[..., o, :] for o in range(n)]
-    d_x = _weighted_sum([post[..., o:o + 1] for o in range(n)], g)
-    d_res = torch.stack([_weighted_sum([comb[..., i, o:o + 1] for o in range(n)], g) for i in range(n)], dim=-2)
-    d_post = lane_sum_fused(grad, xf.unsqueeze(-2).expand_as(grad).contiguous())
-    d_comb = torch.stack([lane_sum_fused(res[..., i:i + 1, :].expand_as(grad).contiguous(), grad)
-                          for i in range(n)], dim=-2)
-    return d_x.to(torch.bfloat16), d_res.to(torch.bfloat16), d_post.unsqueeze(-1), d_comb
+    return _token_blocks(_backward, x, residual, post_layer_mix, comb_res_mix, d_o)
 
 
 def post_fwd_exact(x, residual, post_layer_mix, comb_res_mix) -> torch.Tensor:
