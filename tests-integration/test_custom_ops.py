@@ -16,6 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+import vmi_mhc
 import vmi_moe
 import vmi_quant
 from vmi_core.library import KERNEL_OPS, NAMESPACE
@@ -126,6 +127,10 @@ VARIANTS = {
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
+    # A preallocated output, and 3-D token dims with a residual that is not contiguous.
+    "mhc_post_fwd-out": lambda: vmi_mhc.mhc_post_fwd(
+        X[:6].view(2, 3, 256), randn((2, 3, 4, 512), 4, torch.bfloat16)[..., ::2], randn((2, 3, 4, 1), 5),
+        randn((2, 3, 4, 4), 6), out=torch.empty(2, 3, 4, 256, dtype=torch.bfloat16)),
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

@@ -19,7 +19,7 @@ import torch
 
 from vmi_core.testing import assert_bitwise_equal, randn
 from vmi_mhc.post import mhc_post_bwd, mhc_post_fwd
-from vmi_mhc.post_parallel import PostBackwardSpec, mhc_post_bwd_parallel, mhc_post_fwd_parallel
+from vmi_mhc.post_parallel import mhc_post_bwd_parallel, mhc_post_fwd_parallel
 from vmi_mhc.reference import post as reference
 
 N = 4
