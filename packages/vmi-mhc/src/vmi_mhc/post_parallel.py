@@ -23,8 +23,10 @@ are folded (``Shell.row_sum``) and the ``n + n²`` sums DMA'd out: the lane orde
 
 On Ascend every phase is explicit SIMD vector code: the ``post`` and ``comb`` scalars are
 broadcast into registers once per item (``BRC_B32`` loads), bf16 rows are unpacked into fp32 lanes
-and packed back, and the partial sums live in registers within a tile. On ``cpu`` a call's tokens
-are split across threads (``vmi_core.cpu_parallel``).
+and packed back, and the backward makes ``d_x``, ``d_res`` and the partial-sum updates (in UB) in
+one pass per 64 columns. On cpu and cuda the same arithmetic runs as ``T.Parallel`` loops (the
+partial sums per lane, in scalars across a tile). On ``cpu`` a call's tokens are split across
+threads (``vmi_core.cpu_parallel``).
 """
 
 from dataclasses import dataclass
