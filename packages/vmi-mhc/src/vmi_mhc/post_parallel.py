@@ -103,11 +103,14 @@ class PostBackwardSpec:
         return hidden_block(self.hidden, _block_cap(BACKWARD_MAX_BLOCK, 3 * self.mhc_mult + 2))
 
 
-def _scalar(table, index: int, vector: bool):
-    """``table[index]`` of a per-token fp32 table: broadcast into every lane in vector code."""
+def _mixes(post, comb, n: int, vector: bool):
+    """``(post[0..n), comb[0..n²))`` of a token's fp32 tables: in vector code broadcast into
+    registers (``BRC_B32`` loads), once per item."""
     if vector:
-        return keep(Vec(simd().vld(table[index], dist="BRC_B32")))
-    return table[index]
+        broadcast = [keep(Vec(simd().vld(table[k], dist="BRC_B32"))) for table, size in ((post, n), (comb, n * n))
+                     for k in range(size)]
+        return broadcast[:n], broadcast[n:]
+    return [post[o] for o in range(n)], [comb[k] for k in range(n * n)]
 
 
 def _bf16(tile, index: tuple, vector: bool):
@@ -117,30 +120,32 @@ def _bf16(tile, index: tuple, vector: bool):
     return F.bf16_to_f32(tile[index])
 
 
+def _store(tile, index: tuple, value, vector: bool):
+    if vector:
+        T.evaluate(store(tile[index], value))
+    else:
+        T.buffer_store(tile, value, list(index))
+
+
 def _zero(at):
     return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
 
 
 # --- forward -----------------------------------------------------------------------------------
 
-def _update_columns(x, res, post, comb, out, n: int, col, vector: bool, mixes=None):
+def _update_columns(x, res, posts, combs, out, n: int, col, vector: bool):
     """The ``n`` output streams of the column(s) at ``col``."""
-    posts, combs = mixes or ([post[o] for o in range(n)], [comb[k] for k in range(n * n)])
     xv = _bf16(x, (col,), vector)
     streams = [_bf16(res, (i, col), vector) for i in range(n)]
     for o in range(n):
-        value = F.f32_to_bf16(residual_update(posts[o], xv, [combs[i * n + o] for i in range(n)], streams))
-        if vector:
-            T.evaluate(store(out[o, col], value))
-        else:
-            T.buffer_store(out, value, [o, col])
+        value = residual_update(posts[o], xv, [combs[i * n + o] for i in range(n)], streams)
+        _store(out, (o, col), F.f32_to_bf16(value), vector)
 
 
 def _update_registers(x, res, post, comb, out, n: int, block: int):
-    # The mixes in registers once per item, then 64 columns at a time.
-    mixes = ([_scalar(post, o, True) for o in range(n)], [_scalar(comb, k, True) for k in range(n * n)])
+    posts, combs = _mixes(post, comb, n, True)
     with T.serial(block // LANES) as c:
-        _update_columns(x, res, post, comb, out, n, c * LANES, True, mixes)
+        _update_columns(x, res, posts, combs, out, n, c * LANES, True)
     phase_barrier()
 
 
@@ -155,7 +160,7 @@ def build_post_fwd(spec: PostForwardSpec, target: str):
     @T.macro
     def update_lanes(x, res, post, comb, out):
         for j in T.Parallel(HB):
-            _update_columns(x, res, post, comb, out, n, j, False)
+            _update_columns(x, res, *_mixes(post, comb, n, False), out, n, j, False)
 
     @TK.prim_func
     def post_fwd_kernel(
@@ -190,13 +195,6 @@ def build_post_fwd(spec: PostForwardSpec, target: str):
 
 
 # --- backward ----------------------------------------------------------------------------------
-
-def _store(tile, index: tuple, value, vector: bool):
-    if vector:
-        T.evaluate(store(tile[index], value))
-    else:
-        T.buffer_store(tile, value, list(index))
-
 
 def _mix_columns(g, posts, combs, dx, dres, n: int, col, vector: bool):
     """``d_x`` and the ``n`` ``d_res`` streams of the column(s) at ``col``."""
@@ -239,8 +237,7 @@ def _accumulate_lane(x, res, g, post_parts, comb_parts, n: int, hidden: int, h0,
 def _tile_registers(x, res, g, post, comb, dx, dres, post_parts, comb_parts, n: int, hidden: int, h0, chunks):
     # One pass per 64 columns: d_x and d_res, then the partial sums, updated in UB. Lanes past H
     # hold stale data: the masked fused multiply-add keeps their partials as they were.
-    posts = [_scalar(post, o, True) for o in range(n)]
-    combs = [_scalar(comb, k, True) for k in range(n * n)]
+    posts, combs = _mixes(post, comb, n, True)
     rows = _partial_rows(post_parts, comb_parts, n)
     with T.serial(chunks) as c:
         col = c * LANES
@@ -267,7 +264,7 @@ def build_post_bwd(spec: PostBackwardSpec, target: str):
     @T.macro
     def mix_lanes(g, post, comb, dx, dres):
         for j in T.Parallel(HB):
-            _mix_columns(g, [post[o] for o in range(n)], [comb[k] for k in range(n * n)], dx, dres, n, j, False)
+            _mix_columns(g, *_mixes(post, comb, n, False), dx, dres, n, j, False)
 
     @T.macro
     def accumulate_lanes(x, res, g, post_parts, comb_parts, h0, chunks):
