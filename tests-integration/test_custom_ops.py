@@ -169,6 +169,10 @@ VARIANTS = {
         X.view(12, 2, 128), torch.empty(12, 128, dtype=torch.bfloat16)),
     "mhc_pre_apply_mix_fwd-out": lambda: vmi_mhc.mhc_pre_apply_mix_fwd(
         X.view(12, 2, 128), torch.rand(12, 2, 1), torch.empty(12, 128, dtype=torch.bfloat16)),
+    # A preallocated output, and 3-D token dims with a residual that is not contiguous.
+    "mhc_post_fwd-out": lambda: vmi_mhc.mhc_post_fwd(
+        X[:6].view(2, 3, 256), randn((2, 3, 4, 512), 4, torch.bfloat16)[..., ::2], randn((2, 3, 4, 1), 5),
+        randn((2, 3, 4, 4), 6), out=torch.empty(2, 3, 4, 256, dtype=torch.bfloat16)),
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

@@ -68,8 +68,9 @@ def lane_sum_fused(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check("b", b)
     if a.shape != b.shape:
         raise ValueError(f"a and b must have one shape, got {tuple(a.shape)} and {tuple(b.shape)}")
-    ca, cb = _chunks(a).double(), _chunks(b).double()
-    partials = torch.zeros(ca.shape[:-2] + (LANES,), dtype=torch.float64, device=a.device)
-    for k in range(ca.shape[-2]):
-        partials = fma_held(ca[..., k, :], cb[..., k, :], partials)
+    # Chunk-major, so that each step reads contiguous operands.
+    ca, cb = (_chunks(t).movedim(-2, 0).double().contiguous() for t in (a, b))
+    partials = torch.zeros(ca.shape[1:], dtype=torch.float64, device=a.device)
+    for k in range(ca.shape[0]):
+        partials = fma_held(ca[k], cb[k], partials)
     return _fold(partials.to(torch.float32))

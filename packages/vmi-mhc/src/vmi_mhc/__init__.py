@@ -18,6 +18,8 @@ from .norm_fn_parallel import (
     mhc_reduce_partials_and_rmsnorm_bwd_parallel,
     mhc_reduce_partials_and_rmsnorm_fwd_parallel,
 )
+from .post import mhc_post_bwd, mhc_post_fwd
+from .post_parallel import mhc_post_bwd_parallel, mhc_post_fwd_parallel
 from .pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
 from .pre_apply_mix_parallel import mhc_pre_apply_mix_bwd_parallel, mhc_pre_apply_mix_fwd_parallel
 from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
@@ -38,6 +40,10 @@ __all__ = [
     "mhc_fn_normw_merge_bwd_parallel",
     "mhc_fn_normw_merge_fwd",
     "mhc_fn_normw_merge_fwd_parallel",
+    "mhc_post_bwd",
+    "mhc_post_bwd_parallel",
+    "mhc_post_fwd",
+    "mhc_post_fwd_parallel",
     "mhc_pre_apply_mix_bwd",
     "mhc_pre_apply_mix_bwd_parallel",
     "mhc_pre_apply_mix_fwd",
