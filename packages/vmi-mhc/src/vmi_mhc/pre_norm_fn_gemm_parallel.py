@@ -496,15 +496,6 @@ def gemm_bwd_source(spec: GemmSpec, target: str) -> str:
     return kernel_source(build_gemm_bwd, spec, target, **KERNEL_CONFIG)
 
 
-def check_simulated(target: str, op: str) -> None:
-    """The GEMM kernels do not run on ``ascend-sim``, which models the vector cores only: their
-    Cube half (L1 and L0C buffers, the L1 GEMM, the L0C moves, the AIC/AIV synchronisation) has no
-    model yet."""
-    if target == "ascend-sim":
-        raise NotImplementedError(f"{op}: ascend-sim models the vector cores only, not the Cube unit this kernel "
-                                  f"uses; the ascend lowering is checked on its source")
-
-
 def tf32_operand(src: torch.Tensor, rows: int, padded_cols: int, target: str) -> tuple[torch.Tensor, torch.Tensor]:
     """bf16 ``(hi, lo)`` of shape ``(rows, padded_cols)``: the TF32 split of fp32 ``src`` (its rows
     and columns first, zeros elsewhere)."""
