@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 import torch
+from tvm.tirx.script.builder.ir import sblock_attr
 
 from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
@@ -385,6 +386,10 @@ def build_gemm_bwd(spec: GemmSpec, target: str):
                         XG: TK.Tensor((M, K), "uint16"), FG: TK.Tensor((N3, K), "float32"),
                         first_block: TK.int32, num_blocks: TK.int32):
         with sh.persistent_kernel() as worker:
+            if sh.is_ascend:
+                # The vector phases on one AIV of the AI core: the Cube writes its products
+                # (L0C -> UB) into sub-block 0's UB only, and x_grad is read-modify-write.
+                sblock_attr({"vector_count": T.int32(1)})
             for cb in sh.tiles([num_blocks], worker):
                 col0 = T.alloc_var("int32")
                 col0 = (first_block + cb) * BK
