@@ -6,8 +6,9 @@ and runs two L1 GEMMs per chunk into the L0C accumulator, which is stored straig
 memory; the vector side DMAs x into UB and computes the square sums in SIMD regions (zeroing,
 lane accumulation, the fixed-order fold), no scalar UB access, no SIMT region, no barrier inside a
 thread-guarded branch. Backward: four L1 GEMMs (d·v as hi/lo pairs) into L0C, moved to the UB of
-the AI core's first vector core, which alone runs the vector side; fn_grad and x_grad in SIMD regions; x_grad and fn_grad stored by DMA. Operand kernel: one SIMD
-region between its DMAs. CUDA: the GEMMs are tensor-core MMAs and both sources compile with nvcc.
+the AI core's first vector core, which alone runs the vector side; fn_grad and x_grad in SIMD
+regions; x_grad and fn_grad stored by DMA. Operand kernel: one SIMD region between its DMAs. CUDA:
+the GEMMs are tensor-core MMAs and both sources compile with nvcc.
 """
 
 from __future__ import annotations
