@@ -138,6 +138,11 @@ inline void run_ai_core(const std::function<void()> &body) {
     if (!running) break;
     if (!advanced) fail("deadlock between the cores of the AI core:%s", blocked_instances().c_str());
   }
+  for (int u = 0; u < NUM_INSTANCES; ++u)
+    for (int id = 0; id < NUM_INTRA_IDS; ++id)
+      if (X.count[u][id])
+        fail("cross-core counter %d of %s is %d at the end of the kernel (an asc_sync_intra_arrive nobody waited for)",
+             id, unit_name(u), X.count[u][id]);
   X.other_instances_advance = nullptr;
   X.unit = 0;
 }

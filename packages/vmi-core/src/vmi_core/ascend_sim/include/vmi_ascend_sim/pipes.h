@@ -110,8 +110,8 @@ inline void execute(Op &op) {
       break;
     case Op::ARRIVE:
       if (++X.count[op.dst][op.event] > MAX_INTRA_COUNT)
-        fail("asc_sync_intra_arrive: cross-core counter %d of instance %d raised past %d", op.event, op.dst,
-             MAX_INTRA_COUNT);
+        fail("asc_sync_intra_arrive: cross-core counter %d of %s raised past %d (arrives nobody waits for)", op.event,
+             op.dst == 0 ? "the AIC" : op.dst == 1 ? "AIV0" : "AIV1", MAX_INTRA_COUNT);
       break;
     case Op::AWAIT:
       --X.count[X.unit][op.event];
