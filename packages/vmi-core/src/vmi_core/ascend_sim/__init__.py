@@ -58,7 +58,9 @@ CXX_FLAGS = ("-std=c++17", "-O2", "-fno-strict-aliasing", "-fwrapv", "-ffp-contr
 UB_BYTES = 248 * 1024
 UB_BYTES_WITH_SIMT = 216 * 1024
 
-_KERNEL_SIGNATURE = re.compile(r'extern "C" __global__ (__vector__|__mix__\(\d+, \d+\)) void (\w+)\(([^)]*)\)')
+_KERNEL_SIGNATURE = re.compile(r'extern "C" __global__ (__vector__|__cube__|__mix__\(\d+, \d+\)) void (\w+)\(([^)]*)\)')
+# What runs the entry on each AI core (runner.h): the vector core, the Cube core, or both (mix.h).
+_KERNEL_KINDS = {"__vector__": "KERNEL_VECTOR", "__cube__": "KERNEL_CUBE"}
 _TEMPLATE_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/[^>]*>\s*$", re.M)
 _SIMD_INST_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/ascend/simd_inst\.h>\s*$", re.M)
 SIMD_INST_HEADER = Path(tilelang.__file__).resolve().parent / "src" / "tl_templates" / "ascend" / "simd_inst.h"
@@ -123,7 +125,8 @@ def kernel_signature(source: str) -> tuple[str, list[KernelParam]]:
     """Name and parameters of the ``extern "C"`` kernel entry in an emitted source."""
     match = _KERNEL_SIGNATURE.search(source)
     if match is None:
-        raise AscendSimError("no kernel entry (extern \"C\" __global__ __vector__ void ...) in the source")
+        raise AscendSimError("no kernel entry (extern \"C\" __global__ __vector__/__cube__/__mix__ void ...) "
+                             "in the source")
     params = []
     for text in filter(None, (p.strip() for p in match.group(3).split(","))):
         pointer = re.fullmatch(r"__gm__ (\w+)\* (\w+)", text)
@@ -137,10 +140,8 @@ def kernel_signature(source: str) -> tuple[str, list[KernelParam]]:
     return match.group(2), params
 
 
-def is_mixed(source: str) -> bool:
-    """Whether the kernel entry is a mixed (Cube + vector) one, ``__mix__(1, 2)``."""
-    match = _KERNEL_SIGNATURE.search(source)
-    return match is not None and match.group(1) != "__vector__"
+def _kernel_kind(source: str) -> str:
+    return _KERNEL_KINDS.get(_KERNEL_SIGNATURE.search(source).group(1), "KERNEL_MIX")
 
 
 def _ub_element_addresses(text: str, address=None) -> str:
@@ -222,7 +223,7 @@ extern "C" __attribute__((visibility("default"))) int vmi_ascend_sim_launch(
     const ::ascend_sim::LaunchConfig *config, ::ascend_sim::Stats *stats, char *error, size_t error_bytes) {{
   const ::ascend_sim::GmRegion regions[] = {{{regions or '{0, 0, ""}'}}};
   return ::ascend_sim::run_launch("{name}", *config, regions, {num_regions}, [&] {{ {name}({", ".join(args)}); }},
-                                  stats, error, error_bytes, {"true" if is_mixed(source) else "false"});
+                                  stats, error, error_bytes, ::ascend_sim::{_kernel_kind(source)});
 }}
 """
     return '#include "vmi_ascend_sim/runner.h"\n' + body + entry

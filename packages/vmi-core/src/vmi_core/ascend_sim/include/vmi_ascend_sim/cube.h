@@ -44,6 +44,7 @@
 #include "mix.h"
 #include "simd.h"
 
+#define __cube__
 #define __mix__(cube_cores, vector_cores)
 #define ASC_IS_AIC (::ascend_sim::X.unit == ::ascend_sim::UNIT_AIC)
 #define ASC_IS_AIV (::ascend_sim::X.unit != ::ascend_sim::UNIT_AIC)

@@ -97,15 +97,15 @@ inline std::string blocked_instances() {
   return text;
 }
 
-// One AI core of a mixed kernel: AIC, AIV0 and AIV1 from their first statement to their end.
-inline void run_ai_core(const std::function<void()> &body) {
+// One AI core: its AIC, and with `vector_cores` AIV0 and AIV1, from their first statement to their end.
+inline void run_ai_core(const std::function<void()> &body, bool vector_cores) {
   MX.body = &body;
   memset(X.count, 0, sizeof X.count);
   X.other_instances_advance = yield_to_other_instances;
   for (int u = 0; u < NUM_INSTANCES; ++u) {
     Instance &inst = MX.instance[u];
     inst.stack.resize(INSTANCE_STACK_BYTES);
-    inst.done = false;
+    inst.done = u != UNIT_AIC && !vector_cores;
     inst.error = nullptr;
     inst.pipes.schedule = P.schedule;
     inst.pipes.reset();
