@@ -1,9 +1,10 @@
 """ascend-sim: run the exact AscendC that the ``ascend`` target emits, on the CPU.
 
 The source TileLang lowers for ``ascend`` (same pass configs, same text) is compiled
-with the host C++ compiler against vmi-core's model of the Ascend 950 vector core
+with the host C++ compiler against vmi-core's model of the Ascend 950 AI core
 (``include/vmi_ascend_sim``: Unified Buffer, DMA, pipes and events, SIMT threads with
-barriers, the SIMD vector unit), then run on CPU tensors. It is a simulation from
+barriers, the SIMD vector unit; the Cube unit and the AIC/AIV instances of mixed kernels,
+``cube.h`` and ``mix.h``), then run on CPU tensors. It is a simulation from
 documented semantics, not an NPU run; the assumptions it rests on are listed in
 vmi-core's README.
 
@@ -12,7 +13,9 @@ Before compiling, every ``__ubuf__ T*`` of the source becomes ``ub_ptr<T>`` and 
 ``&(p[i])`` becomes the UB pointer ``p + (i)``, and the TileLang
 template includes become the model's header, except TileLang's own SIMD wrapper header
 (``simd_inst.h``), which is compiled as shipped, with the same pointer rewrite, against
-the model's C API (``include/c_api/asc_simd.h``). Each ``__simd_vf__`` function becomes a
+the model's C API (``include/c_api/asc_simd.h``), and the ``ascend_gemm_l1`` template of
+TileLang's ``gemm.h`` likewise against the Cube model, whose memories' pointers (``__cbuf__``,
+``__ca__``, ``__cb__``, ``__cc__``) become byte offsets. Each ``__simd_vf__`` function becomes a
 launcher that issues its body on the V pipe with the arguments of the call, as the
 hardware runs a vector function; nothing else of the text changes.
 
