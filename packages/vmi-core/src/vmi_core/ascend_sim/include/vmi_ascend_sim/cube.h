@@ -292,7 +292,6 @@ inline void asc_copy_gm2l1_nd2nz(ascend_sim::cbuf_ptr<T> dst, T *src, uint64_t l
     check_gm((uintptr_t)(gm + r * loop1_src_stride), d_value * E, what);
     for (int64_t b = 0; b < blocks; ++b) cube_bytes(MEM_L1, d0 + b * c0_stride + r * n_stride, 32, what);
   }
-  L.stats.dma_gm_to_ub_bytes += (uint64_t)n_value * d_value * E;
   issue(PIPE_MTE2, Op{Op::WORK, 0, 0, 0, [=] {
                         for (int64_t r = 0; r < n_value; ++r)
                           for (int64_t b = 0; b < blocks; ++b) {

@@ -1,4 +1,5 @@
-// vmi ascend-sim: the AI core of a mixed kernel (`__mix__(1, 2)`).
+// vmi ascend-sim: the AI core of a mixed kernel (`__mix__(1, 2)`), and of a Cube kernel
+// (`__cube__`: the AIC alone).
 //
 // On Ascend 950 an AI core is one Cube core (AIC) and two vector cores (AIV), and a mixed
 // kernel runs its entry once on each of them: `ASC_IS_AIC` / `ASC_IS_AIV` select the code of
