@@ -10,9 +10,13 @@ is what separates the cpu kernel from the float64 value, and (doubled: the matri
 ``2n`` products, the TF32 operand as bf16 hi and lo) from the matrix units' results.
 
 Default: one forward and one backward specialisation (K = 4·64·2 = 512, n3 = 24, 2 splits),
-token counts 0, 1 and 37 (a partial token block); the TF32 operand kernel on ascend-sim (the GEMM
-kernels need the Cube unit, which ascend-sim does not model), the sweeps over hidden sizes
-1280-7168, 4096+ tokens, other mix widths and splits are ``slow``.
+token counts 0, 1 and 37 (a partial token block); on ascend-sim (the Cube unit model runs the
+mixed kernels) one forward and one backward call of 37 tokens: the square sums and ``fn_grad``
+bit for bit, ``out_mul_splitted`` and ``x_grad`` within the bound between the cpu order and the
+Cube's. Every pipe schedule, more token blocks than AI cores, the TF32 operand kernel on
+ascend-sim, the sweeps over hidden sizes 1280-7168, 4096+ tokens, other mix widths and splits are
+``slow``. The Cube model's negative controls break the emitted kernels (a cross-core wait, a pipe
+wait, an NZ layout parameter): one by default, the others ``slow``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ import importlib
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core import ascend_sim
+from vmi_core.ascend_sim import AscendSimError, SimKernel
+from vmi_core.compile import cache_dir, lower_ascend
+from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_mhc import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
 from vmi_mhc import pre_norm_fn_gemm_parallel as parallel
 from vmi_mhc.reference import pre_norm_fn_gemm as reference
@@ -184,12 +191,54 @@ def test_tf32_operand_kernel_matches_reference(target):
     assert not lo[37:].view(torch.int16).any() and not lo[:, MIX:].view(torch.int16).any()
 
 
-def test_gemm_kernels_refuse_ascend_sim():
-    inputs = backward_inputs(4, K_DEFAULT, MIX, 10)
-    with pytest.raises(NotImplementedError, match="Cube"):
-        mhc_pre_norm_fn_gemm_fwd(inputs["x"], inputs["fn"], target="ascend-sim")
-    with pytest.raises(NotImplementedError, match="Cube"):
-        mhc_pre_norm_fn_gemm_bwd(**inputs, target="ascend-sim")
+def check_forward_on_sim(num_tokens: int, seed: int) -> None:
+    # The Cube adds each output's 2·K_s products (x·hi, then x·lo, per 256-column chunk) in its own
+    # order: within the documented bound of the cpu bits; the square sums (SIMD, the fixed lane
+    # order) bit for bit.
+    x, fn = forward_inputs(num_tokens, K_DEFAULT, MIX, seed)
+    out_mul, sqrsum = mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=SPLITS, target="ascend-sim")
+    want_mul, want_sq = reference.pre_norm_fn_gemm_fwd(x, fn, SPLITS)
+    label = f"T={num_tokens} schedule={ascend_sim.schedule()}"
+    assert_bitwise_equal(sqrsum, want_sq, f"sqrsum_splitted [{label}]")
+    width = K_DEFAULT // SPLITS
+    xs = x.double().reshape(num_tokens, SPLITS, width).transpose(0, 1)
+    magnitude = xs.abs() @ reference.tf32_operand(fn).double().abs().reshape(MIX, SPLITS, width).permute(1, 2, 0)
+    bound = (gamma(width - 1) + gamma(2 * width - 1)) * magnitude
+    assert ((out_mul.double() - want_mul.double()).abs() <= bound).all(), f"out_mul_splitted [{label}]"
+
+
+def check_backward_on_sim(num_tokens: int, seed: int) -> None:
+    # fn_grad runs on the vector unit in the cpu order: bit for bit. x_grad's products are the
+    # Cube's four bf16 GEMMs (4·n3 products in its order): within one bf16 rounding of the exact
+    # value plus the fp32 sum bound.
+    inputs = backward_inputs(num_tokens, K_DEFAULT, MIX, seed)
+    x_grad, fn_grad = mhc_pre_norm_fn_gemm_bwd(**{**inputs, "x_grad": inputs["x_grad"].clone()}, target="ascend-sim")
+    label = f"T={num_tokens} schedule={ascend_sim.schedule()}"
+    assert_bitwise_equal(fn_grad, reference.pre_norm_fn_gemm_bwd(**inputs)[1], f"fn_grad [{label}]")
+    exact_x_grad = reference.pre_norm_fn_gemm_bwd_float64(**inputs)[0]
+    d = reference.tf32_operand(inputs["out_mul_grad"]).double()
+    terms = (inputs["x_grad"].double().abs() + d.abs() @ reference.tf32_operand(inputs["fn"]).double().abs()
+             + 2 * inputs["x"].double().abs() * inputs["sqrsum_grad"].double().abs()[:, None])
+    bound = 2.0**-8 * exact_x_grad.abs() + (1 + 2.0**-8) * gamma(4 * MIX + 2) * terms
+    assert ((x_grad.double() - exact_x_grad).abs() <= bound).all(), f"x_grad [{label}]"
+
+
+def test_forward_on_ascend_sim():
+    check_forward_on_sim(37, 11)
+
+
+def test_backward_on_ascend_sim():
+    check_backward_on_sim(37, 12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", SIM_SCHEDULES)
+def test_ascend_sim_under_every_schedule(schedule):
+    # One token, a partial block, and more token blocks than AI cores (every core loops).
+    with sim_schedule(schedule):
+        for seed, num_tokens in enumerate((1, 37, 32 * 33 + 5)):
+            check_forward_on_sim(num_tokens, 20 + seed)
+            check_backward_on_sim(num_tokens, 30 + seed)
 
 
 def test_every_thread_count_gives_the_same_bits(monkeypatch):
@@ -264,3 +313,78 @@ def test_other_mix_widths(mix):
 def test_many_tokens():
     check_forward(4133, 4 * 1280, MIX, 16, 20)
     check_backward(4133, 4 * 1280, MIX, 21)
+
+
+# The Cube model's negative controls: each breaks the emitted source in one place (a cross-core
+# wait, a pipe wait, an NZ layout parameter) and runs it under every pipe schedule; the model must
+# report an error or the results must differ from the unbroken kernel's. More token blocks than AI
+# cores: every core runs two work items.
+CONTROL_TOKENS = 32 * 32 + 37
+
+
+def _replace_once(source: str, old: str, new: str) -> str:
+    assert source.count(old) == 1, f"expected exactly one {old!r} in the source"
+    return source.replace(old, new)
+
+
+# name -> (forward or backward kernel, how its source is broken)
+SIM_MUTATIONS = {
+    # read-after-write across cores: the vector core reads the products before the L0C -> UB copy lands
+    "drop the vector core's cross-core wait": ("bwd", lambda s: _replace_once(
+        s, "asc_sync_intra_wait(PIPE_V, 1);\n", "")),
+    # write-after-read across cores: the Cube overwrites the products the vector core still reads
+    "drop the Cube's cross-core wait": ("bwd", lambda s: _replace_once(
+        s,
+        "          asc_sync_intra_wait(PIPE_FIX, 0);\n          asc_sync_wait(PIPE_M, PIPE_FIX",
+        "          asc_sync_wait(PIPE_M, PIPE_FIX")),
+    # read-after-write within the Cube core: the GEMM reads L1 before the loads land
+    "drop the MTE2 -> MTE1 wait": ("fwd", lambda s: _replace_once(
+        s, "asc_sync_wait(PIPE_MTE2, PIPE_MTE1, static_cast<event_t>(0));\n", "")),
+    # a wrong NZ layout of x in L1: C0 columns 16 rows apart instead of 32
+    "x in L1 with the wrong C0 stride": ("fwd", lambda s: _replace_once(
+        s, "asc_set_gm2l1_nz_para(1, 1, static_cast<uint16_t>(32), 0);\n"
+           "          asc_copy_gm2l1_nd2nz(((__cbuf__ bfloat16_t*)buf_dyn_l1), (&(X[",
+        "asc_set_gm2l1_nz_para(1, 1, static_cast<uint16_t>(16), 0);\n"
+        "          asc_copy_gm2l1_nd2nz(((__cbuf__ bfloat16_t*)buf_dyn_l1), (&(X[")),
+    # a wrong NZ -> ND store: the accumulator's column blocks read 16 rows apart instead of 32
+    "L0C stored with the wrong source stride": ("fwd", lambda s: _replace_once(
+        s, "24, min(32, max((M - row0), 0)), 24, 32,", "24, min(32, max((M - row0), 0)), 24, 16,")),
+}
+DEFAULT_SIM_MUTATIONS = ("drop the vector core's cross-core wait",)
+
+
+def _run(kind: str) -> tuple[torch.Tensor, ...]:
+    if kind == "fwd":
+        x, fn = forward_inputs(CONTROL_TOKENS, K_DEFAULT, MIX, 5)
+        return mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=SPLITS, target="ascend-sim")
+    inputs = backward_inputs(CONTROL_TOKENS, K_DEFAULT, MIX, 6)
+    return mhc_pre_norm_fn_gemm_bwd(**{**inputs, "x_grad": inputs["x_grad"].clone()}, target="ascend-sim")
+
+
+@pytest.mark.parametrize("mutation", [pytest.param(m, marks=[] if m in DEFAULT_SIM_MUTATIONS else [pytest.mark.slow])
+                                      for m in SIM_MUTATIONS])
+def test_cube_model_reports_a_broken_kernel(mutation, monkeypatch):
+    kind, mutate = SIM_MUTATIONS[mutation]
+    build = parallel.build_gemm_fwd if kind == "fwd" else parallel.build_gemm_bwd
+    want = _run(kind)
+    compile_kernel = parallel.cached_kernel
+
+    def broken_kernel(builder, spec, target, **config):
+        if builder is not build:
+            return compile_kernel(builder, spec, target, **config)
+        func = builder(spec, "ascend")
+        lowering = lower_ascend(func, target, **config)
+        source = mutate(lowering.source)
+        assert source != lowering.source
+        return SimKernel(func, source, lowering.cores, lowering.ub_bytes, cache_dir() / "ascend-sim")
+
+    monkeypatch.setattr(parallel, "cached_kernel", broken_kernel)
+    for name in SIM_SCHEDULES:
+        with sim_schedule(name):
+            try:
+                got = _run(kind)
+            except AscendSimError as error:
+                assert "gemm_" in str(error) and "core" in str(error)
+                continue
+        assert not all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), \
+            f"{mutation!r} went unnoticed under {name}"

@@ -5,9 +5,10 @@ on the 32 AI cores; the Cube side loads x and the operand's bf16 hi and lo chunk
 and runs two L1 GEMMs per chunk into the L0C accumulator, which is stored straight to global
 memory; the vector side DMAs x into UB and computes the square sums in SIMD regions (zeroing,
 lane accumulation, the fixed-order fold), no scalar UB access, no SIMT region, no barrier inside a
-thread-guarded branch. Backward: four L1 GEMMs (d·v as hi/lo pairs) into L0C, moved to UB;
-fn_grad and x_grad in SIMD regions; x_grad and fn_grad stored by DMA. Operand kernel: one SIMD
-region between its DMAs. CUDA: the GEMMs are tensor-core MMAs and both sources compile with nvcc.
+thread-guarded branch. Backward: four L1 GEMMs (d·v as hi/lo pairs) into L0C, moved to the UB of
+the AI core's first vector core, which alone runs the vector side; fn_grad and x_grad in SIMD
+regions; x_grad and fn_grad stored by DMA. Operand kernel: one SIMD region between its DMAs. CUDA:
+the GEMMs are tensor-core MMAs and both sources compile with nvcc.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def test_ascend_backward():
     assert "__mix__(1, 2) void gemm_bwd_kernel" in src
     assert _persistent_over_ai_cores(src)
     cube, vector = src.split("if ASC_IS_AIV")
+    # The vector phases on sub-block 0 only: the Cube's products reach its UB alone.
+    assert vector.lstrip(" {\n").startswith("if (asc_get_sub_block_id() == 0) {")
     # The fn operand (hi, lo) and d (hi, lo) to L1; d·v as four GEMMs into L0C, moved to UB.
     assert cube.count("asc_copy_gm2l1_nd2nz") == 4
     assert cube.count("ascend_gemm_l1<32, 32, 256, 32, true, bfloat16_t>") == 4

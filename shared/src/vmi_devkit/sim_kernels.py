@@ -8,7 +8,8 @@ on purpose.
 The SIMD kernels write their vector regions as explicit ``T.simd`` code: ``token_cast`` is a
 per-token amax / scale / e4m3 cast, and one kernel per instruction family (``float``, ``int``,
 ``convert``, ``rearrange``, ``memory``, ``gather``) runs a table of single instructions over
-test registers. ``counted`` is a kernel small enough to count what it executes by hand.
+test registers. ``counted`` is a kernel small enough to count what it executes by hand. ``cube_gemm`` is one
+``T.gemm`` on the Cube unit.
 """
 
 from types import SimpleNamespace
@@ -62,6 +63,47 @@ def row_scale_reference(x):
 def row_scale_artifact(block_m: int):
     """TileLang's ascend lowering of the kernel: its source and device module."""
     return lower_artifact(build_row_scale(block_m, "ascend"), "ascend")
+
+
+# ---- Cube kernel: one T.gemm on the Cube unit --------------------------------------------------------
+
+
+def build_cube_gemm(shape, target: str):
+    """``C = A · Bᵀ`` (fp32) of bf16 ``A (m, k)`` and ``B (n, k)`` on the Cube unit of one AI core: both
+    operands to L1 (ND -> NZ), one L1 GEMM into L0C, L0C to global memory (NZ -> ND)."""
+    m, n, k = shape
+    sh = Shell(target, workers=1)
+    TK = sh.T
+
+    @TK.prim_func
+    def cube_gemm(A: TK.Tensor((m, k), "bfloat16"), B: TK.Tensor((n, k), "bfloat16"), C: TK.Tensor((m, n), "float32")):
+        with sh.persistent_kernel() as worker:
+            for _ in sh.tiles([1], worker):
+                a = TK.alloc_l1((m, k), "bfloat16")
+                b = TK.alloc_l1((n, k), "bfloat16")
+                acc = TK.alloc_l0c((m, n), "float32")
+                T.copy(A[0, 0], a)
+                T.copy(B[0, 0], b)
+                T.gemm(a, b, acc, transpose_B=True, clear_accum=True)
+                T.copy(acc, C[0, 0])
+
+    return cube_gemm
+
+
+def cube_gemm(a, b, target: str):
+    c = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+    cached_kernel(build_cube_gemm, (a.shape[0], b.shape[0], a.shape[1]), target)(a, b, c)
+    return c
+
+
+def cube_gemm_reference(a, b):
+    """The Cube model's stated order: per output, the fp32 products (exact for bf16) added in
+    increasing k to +0.0, one fp32 rounding per addition."""
+    af, bf = a.float(), b.float()
+    c = torch.zeros((a.shape[0], b.shape[0]), dtype=torch.float32)
+    for q in range(a.shape[1]):
+        c = c + af[:, q, None] * bf[None, :, q]
+    return c
 
 
 # ---- SIMD kernels: vector regions written as explicit T.simd code ---------------------------------

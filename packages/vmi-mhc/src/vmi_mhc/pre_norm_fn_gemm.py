@@ -78,7 +78,6 @@ def _prepare_fwd(x, fn, out_mul_splitted, sqrsum_splitted, n_splits, target, fla
                          f"columns, got {n_splits}")
     target = resolve_target(x, target)
     resolve_flavor(target, flavor)
-    parallel.check_simulated(target, "mhc_pre_norm_fn_gemm_fwd")
     shape = (n_splits, num_tokens, mix)
     if out_mul_splitted is None:
         out_mul_splitted = torch.empty(shape, dtype=torch.float32, device=x.device)
@@ -126,7 +125,6 @@ def _prepare_bwd(out_mul_grad, sqrsum_grad, x, fn, x_grad, fn_grad, target, flav
     check_in_place(x_grad, "x_grad", "mhc_pre_norm_fn_gemm_bwd")
     target = resolve_target(x, target)
     resolve_flavor(target, flavor)
-    parallel.check_simulated(target, "mhc_pre_norm_fn_gemm_bwd")
     if fn_grad is None:
         fn_grad = torch.empty((mix, hidden), dtype=torch.float32, device=device)
     else:

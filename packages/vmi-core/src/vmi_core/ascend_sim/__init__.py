@@ -1,9 +1,10 @@
 """ascend-sim: run the exact AscendC that the ``ascend`` target emits, on the CPU.
 
 The source TileLang lowers for ``ascend`` (same pass configs, same text) is compiled
-with the host C++ compiler against vmi-core's model of the Ascend 950 vector core
+with the host C++ compiler against vmi-core's model of the Ascend 950 AI core
 (``include/vmi_ascend_sim``: Unified Buffer, DMA, pipes and events, SIMT threads with
-barriers, the SIMD vector unit), then run on CPU tensors. It is a simulation from
+barriers, the SIMD vector unit; the Cube unit and the AIC/AIV instances of mixed kernels,
+``cube.h`` and ``mix.h``), then run on CPU tensors. It is a simulation from
 documented semantics, not an NPU run; the assumptions it rests on are listed in
 vmi-core's README.
 
@@ -12,7 +13,9 @@ Before compiling, every ``__ubuf__ T*`` of the source becomes ``ub_ptr<T>`` and 
 ``&(p[i])`` becomes the UB pointer ``p + (i)``, and the TileLang
 template includes become the model's header, except TileLang's own SIMD wrapper header
 (``simd_inst.h``), which is compiled as shipped, with the same pointer rewrite, against
-the model's C API (``include/c_api/asc_simd.h``). Each ``__simd_vf__`` function becomes a
+the model's C API (``include/c_api/asc_simd.h``), and the ``ascend_gemm_l1`` template of
+TileLang's ``gemm.h`` likewise against the Cube model, whose memories' pointers (``__cbuf__``,
+``__ca__``, ``__cb__``, ``__cc__``) become byte offsets. Each ``__simd_vf__`` function becomes a
 launcher that issues its body on the V pipe with the arguments of the call, as the
 hardware runs a vector function; nothing else of the text changes.
 
@@ -58,14 +61,23 @@ CXX_FLAGS = ("-std=c++17", "-O2", "-fno-strict-aliasing", "-fwrapv", "-ffp-contr
 UB_BYTES = 248 * 1024
 UB_BYTES_WITH_SIMT = 216 * 1024
 
-_KERNEL_SIGNATURE = re.compile(r'extern "C" __global__ __vector__ void (\w+)\(([^)]*)\)')
+_KERNEL_SIGNATURE = re.compile(r'extern "C" __global__ (__vector__|__cube__|__mix__\(\d+, \d+\)) void (\w+)\(([^)]*)\)')
+# What runs the entry on each AI core (runner.h): the vector core, the Cube core, or both (mix.h).
+_KERNEL_KINDS = {"__vector__": "KERNEL_VECTOR", "__cube__": "KERNEL_CUBE"}
 _TEMPLATE_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/[^>]*>\s*$", re.M)
 _SIMD_INST_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/ascend/simd_inst\.h>\s*$", re.M)
 SIMD_INST_HEADER = Path(tilelang.__file__).resolve().parent / "src" / "tl_templates" / "ascend" / "simd_inst.h"
+_GEMM_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/ascend/gemm\.h>\s*$", re.M)
+GEMM_HEADER = SIMD_INST_HEADER.with_name("gemm.h")
+# The one template of gemm.h that T.gemm emits (the others need Cube intrinsics the model lacks).
+_GEMM_L1_TEMPLATE = re.compile(r"template <int M, int K, int N, int TILE_K_SUB, bool TRANS_B, typename InT,\s*"
+                               r"typename AccumT>\s*__aicore__ inline void\s*ascend_gemm_l1\(.*?\n}\n", re.S)
 _SIMD_VF = re.compile(r"__simd_vf__ inline void (\w+)\(([^)]*)\) \{")
 _UB_POINTER = re.compile(r"__ubuf__\s+(\w+)\s*\*")
 _UB_DECLARATION = re.compile(r"__ubuf__\s+\w+\s*\*\s*(\w+)")
 _GM_POINTER = re.compile(r"__gm__\s+(\w+)\s*\*")
+# The Cube core's memories (L1, L0A, L0B, L0C) and their pointer types in the model (cube.h).
+_CUBE_POINTERS = {"__cbuf__": "cbuf_ptr", "__ca__": "ca_ptr", "__cb__": "cb_ptr", "__cc__": "cc_ptr"}
 _TORCH_DTYPES = {
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
     "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
@@ -116,9 +128,10 @@ def kernel_signature(source: str) -> tuple[str, list[KernelParam]]:
     """Name and parameters of the ``extern "C"`` kernel entry in an emitted source."""
     match = _KERNEL_SIGNATURE.search(source)
     if match is None:
-        raise AscendSimError("no kernel entry (extern \"C\" __global__ __vector__ void ...) in the source")
+        raise AscendSimError("no kernel entry (extern \"C\" __global__ __vector__/__cube__/__mix__ void ...) "
+                             "in the source")
     params = []
-    for text in filter(None, (p.strip() for p in match.group(2).split(","))):
+    for text in filter(None, (p.strip() for p in match.group(3).split(","))):
         pointer = re.fullmatch(r"__gm__ (\w+)\* (\w+)", text)
         scalar = re.fullmatch(r"(\w+) (\w+)", text)
         if pointer:
@@ -127,7 +140,11 @@ def kernel_signature(source: str) -> tuple[str, list[KernelParam]]:
             params.append(KernelParam(scalar.group(2), scalar.group(1), False))
         else:
             raise AscendSimError(f"kernel parameter {text!r} is not modelled")
-    return match.group(1), params
+    return match.group(2), params
+
+
+def _kernel_kind(source: str) -> str:
+    return _KERNEL_KINDS.get(_KERNEL_SIGNATURE.search(source).group(1), "KERNEL_MIX")
 
 
 def _ub_element_addresses(text: str, address=None) -> str:
@@ -157,7 +174,9 @@ def _ub_element_addresses(text: str, address=None) -> str:
 def _rewrite_pointers(text: str) -> str:
     text = _UB_POINTER.sub(r"::ascend_sim::ub_ptr<\1> ", _ub_element_addresses(text))
     text = _GM_POINTER.sub(r"::ascend_sim::gm_ptr<\1> ", text)
-    for qualifier in ("__ubuf__", "__gm__", "__cbuf__"):
+    for qualifier, pointer in _CUBE_POINTERS.items():
+        text = re.sub(qualifier + r"\s+(\w+)\s*\*", rf"::ascend_sim::{pointer}<\1> ", text)
+    for qualifier in ("__ubuf__", "__gm__", *_CUBE_POINTERS):
         if qualifier in text:
             raise AscendSimError(f"the source uses {qualifier} in a form the model does not rewrite")
     return text
@@ -173,10 +192,19 @@ def _simd_vf_launcher(match: re.Match) -> str:
             f"inline void {name}_body({params}) {{")
 
 
+@functools.cache
+def _gemm_l1_template() -> str:
+    match = _GEMM_L1_TEMPLATE.search(GEMM_HEADER.read_text())
+    if match is None:
+        raise AscendSimError(f"no ascend_gemm_l1 template in {GEMM_HEADER}")
+    return match.group(0)
+
+
 def prepare_source(source: str) -> str:
     """The emitted source as the model compiles it, with its launch entry appended."""
     name, params = kernel_signature(source)
     body = _SIMD_INST_INCLUDE.sub(lambda _: SIMD_INST_HEADER.read_text(), source, count=1)
+    body = _GEMM_INCLUDE.sub(lambda _: _gemm_l1_template(), body, count=1)
     body = _rewrite_pointers(_TEMPLATE_INCLUDE.sub("", body))
     body = _SIMD_VF.sub(_simd_vf_launcher, body)
     if "__simd_vf__" in body:
@@ -198,7 +226,7 @@ extern "C" __attribute__((visibility("default"))) int vmi_ascend_sim_launch(
     const ::ascend_sim::LaunchConfig *config, ::ascend_sim::Stats *stats, char *error, size_t error_bytes) {{
   const ::ascend_sim::GmRegion regions[] = {{{regions or '{0, 0, ""}'}}};
   return ::ascend_sim::run_launch("{name}", *config, regions, {num_regions}, [&] {{ {name}({", ".join(args)}); }},
-                                  stats, error, error_bytes);
+                                  stats, error, error_bytes, ::ascend_sim::{_kernel_kind(source)});
 }}
 """
     return '#include "vmi_ascend_sim/runner.h"\n' + body + entry

@@ -56,6 +56,7 @@ struct Launch {
   int core = -1;
   int num_cores = 0;
   int thread = -1;  // SIMT thread running now, -1 on the scalar unit
+  int unit = -1;    // core of a mixed kernel's AI core running now (mix.h): 0 AIC, 1 AIV0, 2 AIV1
   Region region = REGION_SCALAR;
   Stats stats{};
   uint8_t *ub = nullptr;
@@ -72,11 +73,14 @@ inline Launch L;
   va_start(ap, fmt);
   vsnprintf(body, sizeof body, fmt, ap);
   va_end(ap);
+  static const char *units[] = {" (AIC)", " (AIV0)", " (AIV1)"};
+  const char *unit = L.unit >= 0 ? units[L.unit] : "";
   char where[160];
   if (L.thread >= 0)
-    snprintf(where, sizeof where, "kernel %s, core %d of %d, SIMT thread %d", L.kernel, L.core, L.num_cores, L.thread);
+    snprintf(where, sizeof where, "kernel %s, core %d of %d%s, SIMT thread %d", L.kernel, L.core, L.num_cores, unit,
+             L.thread);
   else
-    snprintf(where, sizeof where, "kernel %s, core %d of %d", L.kernel, L.core, L.num_cores);
+    snprintf(where, sizeof where, "kernel %s, core %d of %d%s", L.kernel, L.core, L.num_cores, unit);
   throw Error(std::string(where) + ": " + body);
 }
 

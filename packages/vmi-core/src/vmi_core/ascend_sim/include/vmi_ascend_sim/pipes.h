@@ -14,6 +14,13 @@
 // first, producers first), so a missing wait lets a consumer overtake its producer
 // and shows up as wrong data. A state where no pipe can advance is a deadlock; a flag
 // still set when the core ends is an error.
+//
+// In a mixed (Cube + vector) kernel each AI core runs three instances of the kernel (the
+// AIC and two AIVs, `mix.h`), each with its own pipes and flags; they meet only through the
+// cross-core counters of `asc_sync_intra_arrive` / `asc_sync_intra_wait` (ARRIVE and AWAIT
+// operations here). Where a pipe or the scalar unit of one instance waits on a counter that
+// only another instance can raise, the instance hands over (`other_instances_advance`),
+// and a state where no instance can advance is a deadlock.
 #pragma once
 
 #include <deque>
@@ -36,21 +43,44 @@ inline const char *pipe_name(int p) {
   return p >= 0 && p < NUM_PIPES ? names[p] : "?";
 }
 
+// Cross-core counters of one AI core: [instance][sync id] (mix.h).
+constexpr int NUM_INSTANCES = 3;
+constexpr int NUM_INTRA_IDS = 32;
+constexpr int MAX_INTRA_COUNT = 15;  // asc-devkit asc_sync_block_wait: "at most 15 times" per counter
+
+struct Intra {
+  int count[NUM_INSTANCES][NUM_INTRA_IDS];
+  int unit = 0;  // the running instance
+  uint64_t progress = 0;  // operations executed, over all instances
+  // Runs the other instances until they block or end; false when none of them advanced.
+  bool (*other_instances_advance)() = nullptr;
+};
+
+inline Intra X;
+
 struct Op {
-  enum Kind { WORK, NOTIFY, WAIT } kind;
+  // ARRIVE raises counter `event` of instance `dst`; AWAIT takes one from the running
+  // instance's counter `event`, waiting while it is 0. UNLOCK releases mutex `event`; LOCK
+  // waits until the `src` UNLOCKs of mutex `event` issued before it have run.
+  enum Kind { WORK, NOTIFY, WAIT, ARRIVE, AWAIT, LOCK, UNLOCK } kind;
   int src, dst, event;
   std::function<void()> work;
   std::string what;
 };
 
+constexpr int NUM_MUTEXES = 32;  // asc_lock / asc_unlock mutex_id in [0, 31]
+
 struct Pipes {
   int schedule = SCHEDULE_SEQ;
   bool flag[NUM_PIPES][NUM_PIPES][NUM_EVENTS];
+  long unlocks_issued[NUM_MUTEXES], unlocks_done[NUM_MUTEXES];
   std::deque<Op> queue[NUM_PIPES];
   long issued = 0;
 
   void reset() {
     memset(flag, 0, sizeof flag);
+    memset(unlocks_issued, 0, sizeof unlocks_issued);
+    memset(unlocks_done, 0, sizeof unlocks_done);
     for (auto &q : queue) q.clear();
     issued = 0;
   }
@@ -65,6 +95,7 @@ inline std::string flag_name(int src, int dst, int event) {
 }
 
 inline void execute(Op &op) {
+  ++X.progress;
   switch (op.kind) {
     case Op::WORK:
       op.work();
@@ -77,12 +108,27 @@ inline void execute(Op &op) {
     case Op::WAIT:
       P.flag[op.src][op.dst][op.event] = false;
       break;
+    case Op::ARRIVE:
+      if (++X.count[op.dst][op.event] > MAX_INTRA_COUNT)
+        fail("asc_sync_intra_arrive: cross-core counter %d of %s raised past %d (arrives nobody waits for)", op.event,
+             op.dst == 0 ? "the AIC" : op.dst == 1 ? "AIV0" : "AIV1", MAX_INTRA_COUNT);
+      break;
+    case Op::AWAIT:
+      --X.count[X.unit][op.event];
+      break;
+    case Op::LOCK:
+      break;
+    case Op::UNLOCK:
+      ++P.unlocks_done[op.event];
+      break;
   }
 }
 
 inline bool ready(int pipe) {
   if (P.queue[pipe].empty()) return false;
   const Op &op = P.queue[pipe].front();
+  if (op.kind == Op::AWAIT) return X.count[X.unit][op.event] > 0;
+  if (op.kind == Op::LOCK) return P.unlocks_done[op.event] >= op.src;
   return op.kind != Op::WAIT || P.flag[op.src][op.dst][op.event];
 }
 
@@ -120,6 +166,13 @@ inline bool advance(const std::function<bool()> &done) {
   return true;
 }
 
+// `advance`, letting the other instances of the AI core run while this one cannot.
+inline bool advance_with_others(const std::function<bool()> &done) {
+  while (!advance(done))
+    if (!X.other_instances_advance || !X.other_instances_advance()) return false;
+  return true;
+}
+
 inline bool all_idle() {
   for (auto &q : P.queue)
     if (!q.empty()) return false;
@@ -127,7 +180,7 @@ inline bool all_idle() {
 }
 
 inline void drain(const char *where) {
-  if (!advance(all_idle)) fail("deadlock at %s:%s", where, blocked_pipes().c_str());
+  if (!advance_with_others(all_idle)) fail("deadlock at %s:%s", where, blocked_pipes().c_str());
 }
 
 inline void issue(int pipe, Op op) {
@@ -136,12 +189,17 @@ inline void issue(int pipe, Op op) {
     if (op.kind == Op::WAIT && !P.flag[op.src][op.dst][op.event])
       fail("wait_flag %s can never be satisfied: the flag is clear and every earlier operation has completed",
            flag_name(op.src, op.dst, op.event).c_str());
+    if (op.kind == Op::LOCK && P.unlocks_done[op.event] < op.src)
+      fail("asc_lock of mutex %d can never be satisfied: an earlier asc_unlock has not run", op.event);
+    while (op.kind == Op::AWAIT && X.count[X.unit][op.event] == 0)
+      if (!X.other_instances_advance || !X.other_instances_advance())
+        fail("deadlock: asc_sync_intra_wait on counter %d, which no instance of the AI core can raise", op.event);
     execute(op);
     return;
   }
   if (pipe == PIPE_S) {  // the scalar unit itself blocks until its wait is satisfied
     P.queue[PIPE_S].push_back(std::move(op));
-    if (!advance([] { return P.queue[PIPE_S].empty(); }))
+    if (!advance_with_others([] { return P.queue[PIPE_S].empty(); }))
       fail("deadlock: the scalar unit waits forever:%s", blocked_pipes().c_str());
     return;
   }
