@@ -123,6 +123,7 @@ def test_negative_controls_are_reported(mutation):
         assert not torch.equal(y, row_scale_reference(x)), f"{mutation!r} went unnoticed under {schedule}"
 
 
+@pytest.mark.slow
 def test_error_messages_name_what_broke():
     source = row_scale_artifact(BLOCK_M).kernel_source
     x = _inputs(ROWS[3], 1)
@@ -197,6 +198,7 @@ def test_compiled_simulators_are_cached(tmp_path):
     assert list(tmp_path.iterdir()) == [first]
 
 
+@pytest.mark.slow
 def test_a_corrupted_cached_simulator_is_rebuilt():
     source = row_scale_artifact(BLOCK_M).kernel_source + "// rebuilt after corruption\n"
     from vmi_core.ascend_sim import compile_library

@@ -84,6 +84,7 @@ def test_cuda_forward_compiles():
     nvcc_compile_or_skip(src)
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_backward_compiles():
     src = gemm_bwd_source(BWD, "cuda")

@@ -128,6 +128,7 @@ def test_precomputed_sf(in_dtype, fmt, block, sf_mode):
             assert_bitwise_equal(cast_only, data, f"a power-of-two sf reproduces the cast {shape}")
 
 
+@pytest.mark.slow
 def test_sf_only_and_precomputed_sf_on_ascend_sim():
     # sf-only with packed row-major SF (rows of 1, 5, 12 and 3 exponents in int16 pairs, written
     # byte by byte); the cast with a precomputed power-of-two SF from the reference.
@@ -146,7 +147,8 @@ def test_sf_only_and_precomputed_sf_on_ascend_sim():
         assert_bitwise_equal(data, reference.cast(x, "e2m1", (32, 128), sf=ref_sf), f"precomputed-sf data {label}")
 
 
-@pytest.mark.parametrize("target", [None, "ascend-sim"], ids=["default", "ascend-sim"])
+@pytest.mark.parametrize("target", [None, pytest.param("ascend-sim", marks=pytest.mark.slow)],
+                         ids=["default", "ascend-sim"])
 def test_noncontiguous_rows_and_out_tensors(target):
     base = randn((256, 768), 3, torch.bfloat16)
     x = base[:, :384]

@@ -62,6 +62,7 @@ def _check_cuda(case):
     nvcc_compile_or_skip(src)
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("case", CUDA_LOWERING, ids=case_id)
 def test_cuda_lowering_compiles(case):

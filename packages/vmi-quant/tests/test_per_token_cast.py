@@ -199,6 +199,7 @@ def test_sf_only_and_precomputed_sf(in_dtype, fmt, sf_mode):
         assert_bitwise_equal(cast_only, data, "precomputed power-of-two sf reproduces the cast")
 
 
+@pytest.mark.slow
 def test_sf_only_and_precomputed_sf_on_ascend_sim():
     # sf-only with packed row-major SF (int16 pairs written byte by byte), the cast with a
     # precomputed E4M3 SF; 16 channels a group. The SF comes from the reference.
@@ -237,6 +238,7 @@ def test_amax_clamp_is_part_of_the_kernel():
         reset_runtime_config()
 
 
+@pytest.mark.slow
 def test_stochastic_cast_on_ascend_sim():
     _check_case("bf16", "e4m3", 32, "fp32", False, "ascend", SIM_SHAPES, target="ascend-sim", offset=1,
                 stochastic_cast=True)

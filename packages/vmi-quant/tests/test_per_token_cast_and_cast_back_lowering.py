@@ -46,6 +46,7 @@ def _check_cuda(case):
     nvcc_compile_or_skip(src)
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("case", CUDA_LOWERING, ids=lambda c: "-".join(map(str, c)))
 def test_cuda_lowering_compiles(case):
