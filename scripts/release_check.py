@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "shared" / "constraints.txt"
 PACKAGES = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe")
 # The op each family's installed wheel runs; None: no op yet, an import check.
-SMOKE_OPS = {"vmi-core": None, "vmi-quant": "per_token_cast", "vmi-mhc": "mhc_reduce_partials_and_rmsnorm_fwd", "vmi-moe": "moe_topk_gate"}
+SMOKE_OPS = {"vmi-core": None, "vmi-quant": "per_token_cast", "vmi-mhc": "mhc_reduce_partials_and_rmsnorm_fwd",
+             "vmi-moe": "moe_topk_gate"}
 BENCH_SHAPE = "256x512"
 TAG = re.compile(r"^(?P<package>vmi-[a-z]+)-v(?P<version>\d+\.\d+\.\d+)$")
 

@@ -1,7 +1,22 @@
 """vmi-mhc: mHC (manifold-constrained hyper-connection) ops as TileLang kernels.
 
-Each op is one TileLang kernel body lowered for ``ascend``, ``cuda`` and ``cpu``
-and checked against a PyTorch reference. The ops are being added.
+Each op is one TileLang kernel body lowered for ``ascend``, ``cuda`` and ``cpu`` and checked
+against a PyTorch reference (``vmi_mhc.reference``). The kernel-level entry points keep TileKernels
+v2's names and arguments (outputs given and written, and also returned):
+
+* ``expand_to_mhc_fwd`` / ``_bwd`` — the embedding copied into the n residual streams;
+* ``mhc_pre_apply_mix_fwd`` / ``_bwd`` — the pre-mixed sublayer input ``Σ_m pre[m]·R[m]``;
+* ``mhc_post_fwd`` / ``_bwd`` — the next residual ``post·x + Σ_i comb[i, ·]·R[i]``;
+* ``mhc_fn_normw_merge_fwd`` / ``_bwd``, ``mhc_pre_norm_fn_gemm_fwd`` / ``_bwd``,
+  ``mhc_reduce_partials_and_rmsnorm_fwd`` / ``_bwd`` — ``norm_fn``: the weight merge, the prenorm
+  GEMM (split-K partials, TF32 operands) and the split reduction with the RMS scale;
+* ``mhc_pre_split_mixes_fwd`` / ``_bwd`` — pre, post and comb logits from the mix vector;
+* ``mhc_sinkhorn_fwd`` / ``_bwd`` — the Sinkhorn projection of the comb logits.
+
+Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu``, ``ascend-sim`` or the reference
+``torch``) and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
+entry points always run the kernel. The per-flavor arithmetic that the fused kernels must
+reproduce lives in ``vmi_mhc.tl``.
 """
 
 from .expand import expand_to_mhc_bwd, expand_to_mhc_fwd
