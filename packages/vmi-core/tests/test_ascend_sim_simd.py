@@ -228,6 +228,7 @@ def test_token_cast_matches_torch_under_every_schedule(schedule):
         assert_bitwise_equal(sf, scales, f"scales m={m} k={k} schedule={schedule}")
 
 
+@pytest.mark.slow
 def test_token_cast_without_the_nan_patch_differs_exactly_on_nan():
     """Saturating vcvt writes 0 for NaN (documented): without the kernel's patch, only those codes differ."""
     x = _token_inputs(33, 600, 5)

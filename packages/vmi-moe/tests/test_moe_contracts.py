@@ -15,8 +15,8 @@ from vmi_moe import moe_topk_gate_autograd, moe_topk_gate_backward, moe_topk_gat
 
 E, K, T = 72, 6, 70
 TARGETS = ["cpu", "ascend-sim"]
-# The forward's two in-kernel errors on ascend-sim (each builds its own simulator) run in the slow run.
-FORWARD_TARGETS = ["cpu", pytest.param("ascend-sim", marks=pytest.mark.slow)]
+# The in-kernel errors on ascend-sim (each builds its own simulator) run in the slow run.
+SIM_SLOW_TARGETS = ["cpu", pytest.param("ascend-sim", marks=pytest.mark.slow)]
 
 
 def _logits(seed: int) -> torch.Tensor:
@@ -28,7 +28,7 @@ def _sentinels():
             torch.full((T, E), -2.5), torch.full((T, K), 11, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("target", FORWARD_TARGETS)
+@pytest.mark.parametrize("target", SIM_SLOW_TARGETS)
 def test_forward_data_error_leaves_the_callers_tensors_alone(target):
     logits = _logits(1)
     logits[33, 5] = float("nan")
@@ -42,7 +42,7 @@ def test_forward_data_error_leaves_the_callers_tensors_alone(target):
         assert_bitwise_equal(t, was, f"{name} was written although the call failed")
 
 
-@pytest.mark.parametrize("target", FORWARD_TARGETS)
+@pytest.mark.parametrize("target", SIM_SLOW_TARGETS)
 def test_fixed_routing_error_leaves_the_callers_tensors_alone(target):
     fixed = torch.zeros(T, dtype=torch.bool)
     fixed[10] = True
@@ -56,7 +56,7 @@ def test_fixed_routing_error_leaves_the_callers_tensors_alone(target):
         assert_bitwise_equal(t, was)
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", SIM_SLOW_TARGETS)
 def test_backward_data_error_leaves_out_alone(target):
     logits = _logits(3)
     scores = torch.empty_like(logits)

@@ -20,7 +20,7 @@ def _round_trip(x: torch.Tensor) -> torch.Tensor:
     return reference.cast_and_cast_back(x, "e4m3", 32, flavor="ascend")
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", ["cpu", pytest.param("ascend-sim", marks=pytest.mark.slow)])
 def test_a_saved_tensor_rewritten_in_place_fails_the_backward(target):
     a = randn((40, 128), 1, torch.float32).requires_grad_()
     h = a.exp()  # exp saves its output for the backward

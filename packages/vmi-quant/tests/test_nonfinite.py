@@ -468,6 +468,7 @@ def test_per_channel_cast_quantized_input():
 
 # --- ascend-sim: the emitted AscendC on the CPU model (ascend flavor) --------------------------
 
+@pytest.mark.slow
 def test_ascend_sim_per_token_cast():
     # round_sf with UE8M0 bytes, E2M1 codes and a partial last group.
     _check_per_token_cast(("fp32", "e2m1", 128, "packed", True, "ascend"), "ascend-sim")

@@ -175,6 +175,7 @@ def test_quantized_input(case):
     _check_quantized_input(case, [(1, 64), (70, 384), (130, 192)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", SIM_QUANT_INPUTS, ids=lambda c: "-".join(map(str, c)))
 def test_quantized_input_on_ascend_sim(case):
     # Input-SF blocks read across tile and token tails, and on cores that run 4 or 5 tiles.

@@ -54,7 +54,9 @@ EXTRA = [
 ]
 ASCEND_CASES = [("-".join(map(str, c)), _spec(*c)) for c in COVERING] + EXTRA
 # The ascend target always runs the ascend flavor: the cuda-flavor cases lower for it in the slow run.
-ASCEND_PARAMS = [pytest.param(name, spec, id=name, marks=[pytest.mark.slow] if name.endswith("-cuda") else [])
+CUDA_FLAVOR_EXTRA = {"e4m3-in-e4m3-sf"}
+ASCEND_PARAMS = [pytest.param(name, spec, id=name,
+                              marks=[pytest.mark.slow] if name.endswith("-cuda") or name in CUDA_FLAVOR_EXTRA else [])
                  for name, spec in ASCEND_CASES]
 
 
@@ -84,11 +86,14 @@ def test_ascend_lowering_full(case):
     assert_vector_regions(per_token_cast_source(spec, "ascend"), **expected_regions(spec))
 
 
+# Two nvcc compiles by default (a plain and a quantized-input kernel); the rest in the slow run.
 CUDA_CASES = [ASCEND_CASES[i] for i in (0, 3, 7, 10)] + [EXTRA[0], EXTRA[5]]
+CUDA_PARAMS = [pytest.param(name, spec, id=name, marks=[] if i in (0, 5) else [pytest.mark.slow])
+               for i, (name, spec) in enumerate(CUDA_CASES)]
 
 
 @pytest.mark.cuda_compile
-@pytest.mark.parametrize("name,spec", CUDA_CASES, ids=[n for n, _ in CUDA_CASES])
+@pytest.mark.parametrize("name,spec", CUDA_PARAMS)
 def test_cuda_lowering_compiles(name, spec):
     src = per_token_cast_source(spec, "cuda")
     assert "__global__ void" in src and "per_token_cast_kernel" in src
