@@ -100,7 +100,7 @@ def test_butterfly_order_k6(flavor: str, target: str) -> None:
     assert_bitwise_equal(d, total + torch.tensor(1e-20), "denominator")
 
 
-@pytest.mark.parametrize(("flavor", "target"), flavor_targets())
+@pytest.mark.parametrize(("flavor", "target"), flavor_targets(sim_slow=True))
 def test_subnormal_quotient_ties(flavor: str, target: str) -> None:
     """D = 2 exactly and weights k * 2^-149: the quotients k * 2^-150 are exact ties between subnormals
     for odd k and round to even: 0, 2, 2, 4 (times 2^-149)."""

@@ -78,7 +78,11 @@ def test_matches_reference_full(case):
     _check_case(*case)
 
 
-@pytest.mark.parametrize("case", SIM_COVERING, ids=lambda c: "-".join(map(str, c)))
+# The first covering case on the simulator by default, the others in the slow run.
+SIM_DEFAULT = [pytest.param(c, marks=[pytest.mark.slow] if i else []) for i, c in enumerate(SIM_COVERING)]
+
+
+@pytest.mark.parametrize("case", SIM_DEFAULT, ids=lambda c: "-".join(map(str, c)))
 def test_matches_reference_on_ascend_sim(case):
     _check_case(*case, SIM_SHAPES, target="ascend-sim", offset=SIM_COVERING.index(case))
 

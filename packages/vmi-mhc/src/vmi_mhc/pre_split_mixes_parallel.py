@@ -39,7 +39,7 @@ from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl.formats import flavor_quotient
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, bitcast, keep, select
-from vmi_core.tl.vector import ChunkAt, gather, load, phase_barrier, store
+from vmi_core.tl.vector import gather, load, store
 
 from .inputs import MHC_MULT, mix_width
 from .tl.sigmoid import sigmoid
@@ -261,23 +261,6 @@ def build_pre_split_mixes_bwd_reduce(spec: PreSplitMixesSpec, target: str):
     PR, W = REDUCE_ROWS, PARTIAL_WIDTH
     NB = TK.dynamic("NB")
 
-    @T.macro
-    def add_rows_lanes(parts, total, num_rows):
-        for j in T.Parallel(W):
-            running = T.alloc_var("float32")
-            running = total[j]
-            for p in T.serial(num_rows):
-                running = running + parts[p, j]
-            total[j] = running
-
-    @T.macro
-    def add_rows_register(parts, total, num_rows):
-        running = LaneVar(True, "float32", ChunkAt((), 0).load(total))
-        for p in T.serial(num_rows):
-            running.set(running.get() + ChunkAt((p,), 0).load(parts))
-        T.evaluate(store(total[0], running.get()))
-        phase_barrier()
-
     @TK.prim_func
     def pre_split_mixes_bwd_reduce_kernel(WS: TK.Tensor((NB, PARTIAL_WIDTH), "float32"),
                                           SCALE_GRAD: TK.Tensor((NUM_GAINS,), "float32"),
@@ -294,10 +277,7 @@ def build_pre_split_mixes_bwd_reduce(spec: PreSplitMixesSpec, target: str):
                     num_rows = T.min(PR, NB - chunk * PR)
                     sh.copy(WS[chunk * PR, 0], parts)
                     with sh.vector(SIMD):
-                        if sh.in_simd:
-                            add_rows_register(parts, total, num_rows)
-                        else:
-                            add_rows_lanes(parts, total, num_rows)
+                        sh.accumulate_rows(parts, total, num_rows, W)
                 # Single elements of two gradients: scalar stores from SIMT lanes.
                 with sh.vector(SIMT):
                     for j in T.Parallel(W):

@@ -266,23 +266,6 @@ def build_weight_grad_reduce(spec: WeightGradReduceSpec, target: str):
     NB = TK.dynamic("NB")
     out_fmt, out_dtype = spec.out_fmt, KERNEL_DTYPE[spec.out_fmt]
 
-    @T.macro
-    def add_rows_lanes(parts, total, n):
-        for j in T.Parallel(BK):
-            running = T.alloc_var("float32")
-            running = total[j]
-            for p in T.serial(n):
-                running = running + parts[p, j]
-            total[j] = running
-
-    @T.macro
-    def add_rows_registers(parts, total, n):
-        running = LaneVar(True, "float32", ChunkAt((), 0).load(total))
-        for p in T.serial(n):
-            running.set(running.get() + ChunkAt((p,), 0).load(parts))
-        T.evaluate(store(total[0], running.get()))
-        phase_barrier()
-
     def rounded(total, wg, at):
         value = at.load(total) + decode(out_fmt, at, wg)
         return F.f32_to_bf16(value) if out_fmt == "bf16" else value
@@ -310,10 +293,7 @@ def build_weight_grad_reduce(spec: WeightGradReduceSpec, target: str):
                     num_parts = T.min(PR, NB - chunk * PR)
                     sh.copy(WS[chunk * PR, k0], parts)
                     with sh.vector(SIMD):
-                        if sh.in_simd:
-                            add_rows_registers(parts, total, num_parts)
-                        else:
-                            add_rows_lanes(parts, total, num_parts)
+                        sh.accumulate_rows(parts, total, num_parts, BK)
                 with sh.vector(SIMD):
                     add_buffer(total, wg, out)
                 sh.copy(out, WG[k0])

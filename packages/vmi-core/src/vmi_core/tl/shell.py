@@ -140,6 +140,11 @@ class Shell:
         """``acc[0, c]`` = ``op`` over the rows of ``src`` (``vmi_core.tl.vector.column_reduce``)."""
         return V.column_reduce(self.in_simd, acc, src, shape, op, init)
 
+    def accumulate_rows(self, parts, total, num_rows, width: int):
+        """``total[j] +=`` the first ``num_rows`` rows of ``parts`` in row order
+        (``vmi_core.tl.vector.accumulate_rows``)."""
+        return V.accumulate_rows(self.in_simd, parts, total, num_rows, width)
+
     def segment_reduce(self, acc, shape, seg_len: int, value, op: str, init):
         """``acc[i, s]`` = ``op`` over each ``seg_len`` columns (``vmi_core.tl.vector.segment_reduce``)."""
         return V.segment_reduce(self.in_simd, acc, shape, seg_len, value, op, init)

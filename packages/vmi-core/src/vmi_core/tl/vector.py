@@ -479,6 +479,38 @@ def row_sum(vector: bool, acc, partials, shape, term, fused: bool = False):
 
 
 @T.macro
+def _accumulate_rows_scalar(parts, total, num_rows, width: int):
+    for j in T.Parallel(width):
+        running = T.alloc_var("float32")
+        running = total[j]
+        for p in T.serial(num_rows):
+            running = running + parts[p, j]
+        total[j] = running
+
+
+@T.macro
+def _accumulate_rows_vector(parts, total, num_rows, width: int):
+    for c in range(width // LANES):
+        running = LaneVar(True, "float32", ChunkAt((), c * LANES).load(total))
+        for p in T.serial(num_rows):
+            running.set(running.get() + ChunkAt((p,), c * LANES).load(parts))
+        T.evaluate(store(total[c * LANES], running.get()))
+
+
+def accumulate_rows(vector: bool, parts, total, num_rows, width: int):
+    """``total[j] += parts[0, j] + parts[1, j] + ...`` over the first ``num_rows`` rows (a runtime
+    value), one fp32 rounding per addition in row order: the ordered reduction of per-block
+    partial rows, whose bits then depend on the block count only. The vector form adds whole
+    registers (``width`` a multiple of ``LANES``), the scalar form one lane per column."""
+    if not vector:
+        return _accumulate_rows_scalar(parts, total, num_rows, width)
+    if width % LANES:
+        raise ValueError(f"accumulate_rows needs a multiple of {LANES} columns in vector code, got {width}")
+    _accumulate_rows_vector(parts, total, num_rows, width)
+    phase_barrier()
+
+
+@T.macro
 def _column_reduce_scalar(acc, src, rows: int, cols: int, op: str, init):
     for c in T.Parallel(cols):
         # A per-lane register, not a tile: with fewer lanes than threads, a tile written inside
