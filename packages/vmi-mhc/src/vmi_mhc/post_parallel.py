@@ -345,6 +345,13 @@ def post_bwd_source(spec: PostBackwardSpec, target: str) -> str:
     return kernel_source(build_post_bwd, spec, target, **KERNEL_CONFIG)
 
 
+def _input_rows(call):
+    """The inputs both kernels read, as token rows: x, the residual's stream rows, post, comb."""
+    n, num_tokens, hidden = call.spec.mhc_mult, call.num_tokens, call.spec.hidden
+    return (bit_view(call.x).reshape(num_tokens, hidden), bit_view(call.residual).reshape(num_tokens * n, hidden),
+            call.post_layer_mix.reshape(num_tokens, n), call.comb_res_mix.reshape(num_tokens, n * n))
+
+
 def launch_fwd(call, target: str) -> None:
     """Run a validated forward call (``vmi_mhc.post.PostForwardCall``) on ``target``."""
     spec = call.spec
@@ -352,10 +359,7 @@ def launch_fwd(call, target: str) -> None:
     if num_tokens == 0:
         return
     kernel = cached_kernel(build_post_fwd, spec, target, **KERNEL_CONFIG)
-    x = bit_view(call.x).reshape(num_tokens, spec.hidden)
-    res = bit_view(call.residual).reshape(num_tokens * n, spec.hidden)
-    post = call.post_layer_mix.reshape(num_tokens, n)
-    comb = call.comb_res_mix.reshape(num_tokens, n * n)
+    x, res, post, comb = _input_rows(call)
     out = bit_view(call.out).view(num_tokens * n, spec.hidden)
 
     def run(start: int, stop: int) -> None:
@@ -371,10 +375,7 @@ def launch_bwd(call, target: str) -> None:
     if num_tokens == 0:
         return
     kernel = cached_kernel(build_post_bwd, spec, target, **KERNEL_CONFIG)
-    x = bit_view(call.x).reshape(num_tokens, spec.hidden)
-    res = bit_view(call.residual).reshape(num_tokens * n, spec.hidden)
-    post = call.post_layer_mix.reshape(num_tokens, n)
-    comb = call.comb_res_mix.reshape(num_tokens, n * n)
+    x, res, post, comb = _input_rows(call)
     d_o = bit_view(call.d_o).reshape(num_tokens * n, spec.hidden)
     d_x = bit_view(call.d_x).view(num_tokens, spec.hidden)
     d_res = bit_view(call.d_residual).view(num_tokens * n, spec.hidden)
