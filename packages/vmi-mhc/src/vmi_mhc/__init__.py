@@ -11,7 +11,9 @@ v2's names and arguments (outputs given and written, and also returned):
   ``mhc_reduce_partials_and_rmsnorm_fwd`` / ``_bwd`` — ``norm_fn``: the weight merge, the prenorm
   GEMM (split-K partials, TF32 operands) and the split reduction with the RMS scale;
 * ``mhc_pre_split_mixes_fwd`` / ``_bwd`` — pre, post and comb logits from the mix vector;
-* ``mhc_sinkhorn_fwd`` / ``_bwd`` — the Sinkhorn projection of the comb logits.
+* ``mhc_sinkhorn_fwd`` / ``_bwd`` — the Sinkhorn projection of the comb logits;
+* ``mhc_pre_big_fuse_fwd`` — the inference ``pre`` (reduce, RMS, split, Sinkhorn and the pre
+  mix applied) in one kernel, bit for bit the unfused chain.
 
 Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu``, ``ascend-sim`` or the reference
 ``torch``) and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
@@ -37,6 +39,8 @@ from .post import mhc_post_bwd, mhc_post_fwd
 from .post_parallel import mhc_post_bwd_parallel, mhc_post_fwd_parallel
 from .pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
 from .pre_apply_mix_parallel import mhc_pre_apply_mix_bwd_parallel, mhc_pre_apply_mix_fwd_parallel
+from .pre_big_fuse import mhc_pre_big_fuse_fwd
+from .pre_big_fuse_parallel import mhc_pre_big_fuse_fwd_parallel
 from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
 from .pre_norm_fn_gemm_parallel import mhc_pre_norm_fn_gemm_bwd_parallel, mhc_pre_norm_fn_gemm_fwd_parallel
 from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
@@ -63,6 +67,8 @@ __all__ = [
     "mhc_pre_apply_mix_bwd_parallel",
     "mhc_pre_apply_mix_fwd",
     "mhc_pre_apply_mix_fwd_parallel",
+    "mhc_pre_big_fuse_fwd",
+    "mhc_pre_big_fuse_fwd_parallel",
     "mhc_pre_norm_fn_gemm_bwd",
     "mhc_pre_norm_fn_gemm_bwd_parallel",
     "mhc_pre_norm_fn_gemm_fwd",
