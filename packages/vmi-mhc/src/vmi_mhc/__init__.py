@@ -10,6 +10,7 @@ v2's names and arguments (outputs given and written, and also returned):
 * ``mhc_fn_normw_merge_fwd`` / ``_bwd``, ``mhc_pre_norm_fn_gemm_fwd`` / ``_bwd``,
   ``mhc_reduce_partials_and_rmsnorm_fwd`` / ``_bwd`` — ``norm_fn``: the weight merge, the prenorm
   GEMM (split-K partials, TF32 operands) and the split reduction with the RMS scale;
+* ``mhc_head_compute_mix_fwd`` / ``_bwd`` — the LM head's pre mix ``σ(g·x + b) + eps`` (one gain);
 * ``mhc_pre_split_mixes_fwd`` / ``_bwd`` — pre, post and comb logits from the mix vector;
 * ``mhc_sinkhorn_fwd`` / ``_bwd`` — the Sinkhorn projection of the comb logits;
 * ``mhc_pre_big_fuse_fwd`` — the inference ``pre`` (reduce, RMS, split, Sinkhorn and the pre
@@ -23,6 +24,8 @@ reproduce lives in ``vmi_mhc.tl``.
 
 from .expand import expand_to_mhc_bwd, expand_to_mhc_fwd
 from .expand_parallel import expand_to_mhc_bwd_parallel, expand_to_mhc_fwd_parallel
+from .head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
+from .head_compute_mix_parallel import mhc_head_compute_mix_bwd_parallel, mhc_head_compute_mix_fwd_parallel
 from .norm_fn import (
     mhc_fn_normw_merge_bwd,
     mhc_fn_normw_merge_fwd,
@@ -59,6 +62,10 @@ __all__ = [
     "mhc_fn_normw_merge_bwd_parallel",
     "mhc_fn_normw_merge_fwd",
     "mhc_fn_normw_merge_fwd_parallel",
+    "mhc_head_compute_mix_bwd",
+    "mhc_head_compute_mix_bwd_parallel",
+    "mhc_head_compute_mix_fwd",
+    "mhc_head_compute_mix_fwd_parallel",
     "mhc_post_bwd",
     "mhc_post_bwd_parallel",
     "mhc_post_fwd",
