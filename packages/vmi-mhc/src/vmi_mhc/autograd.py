@@ -63,7 +63,7 @@ from .norm_fn import (
 )
 from .post import mhc_post_bwd, mhc_post_fwd
 from .pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
-from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
+from .pre_norm_fn_gemm import BWD_ALIGN, SPLIT_ALIGN, mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
 from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
 from .sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
 
@@ -156,6 +156,21 @@ def _check_leading(t: torch.Tensor, name: str, lead: tuple, tail: tuple) -> None
     wanted = (*lead, *tail)
     if tuple(t.shape) != wanted:
         raise ValueError(f"{name} must have shape {wanted}, got {tuple(t.shape)}")
+
+
+def check_norm_fn_options(mhc_hidden: int, eps, eps_name: str, n_splits, records: bool) -> None:
+    """The options of norm_fn's kernels, checked before the first of them runs: ``n_splits`` cuts
+    ``K`` into slices of a multiple of 64 columns, ``eps >= 0``, and when autograd records, ``K`` is
+    a multiple of 256 (the prenorm GEMM backward's block)."""
+    if check_float(eps, eps_name, finite=True) < 0:
+        raise ValueError(f"{eps_name} must be >= 0, got {eps}")
+    check_int(n_splits, "n_splits", 1)
+    if mhc_hidden % n_splits or (mhc_hidden // n_splits) % SPLIT_ALIGN:
+        raise ValueError(f"n_splits must split K = n·H = {mhc_hidden} into equal slices of a multiple of "
+                         f"{SPLIT_ALIGN} columns, got {n_splits}")
+    if records and mhc_hidden % BWD_ALIGN:
+        raise ValueError(f"residual: the backward of the prenorm GEMM needs n·H to be a multiple of "
+                         f"{BWD_ALIGN}, got {mhc_hidden}")
 
 
 def _tokens(lead) -> int:
@@ -324,9 +339,11 @@ def mhc_pre_norm_fn(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weigh
     Raises:
         TypeError: A tensor argument is not a tensor or has the wrong dtype; ``fuse_grad_acc`` is
             not a bool; ``n_splits`` not an int; ``mhc_norm_eps`` not a real number.
-        ValueError: ``residual`` is not at least 2-D, ``n·H`` is not ``mhc_fn``'s width;
-            ``mhc_norm_weight`` has the wrong shape; a tensor is on another device; otherwise as
-            the kernels' entry points.
+        ValueError: ``residual`` is not at least 2-D, ``n·H`` is not ``mhc_fn``'s width or, when
+            autograd records, not a multiple of 256; ``mhc_norm_weight`` has the wrong shape; a
+            tensor is on another device; ``mhc_norm_eps`` is negative or not finite; ``n_splits``
+            does not cut ``n·H`` into slices of a multiple of 64; otherwise as the kernels' entry
+            points.
     """
     n, hidden = _check_streams(residual, "residual")
     check_tensor(mhc_fn, "mhc_fn", dtype=torch.float32, dim=2)
@@ -337,10 +354,11 @@ def mhc_pre_norm_fn(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weigh
     if mhc_norm_weight is not None:
         check_tensor(mhc_norm_weight, "mhc_norm_weight", dtype=torch.float32, shape=(n * hidden,))
         _check_same_device(mhc_norm_weight, "mhc_norm_weight", residual.device)
-    check_float(mhc_norm_eps, "mhc_norm_eps", finite=True)
     if not isinstance(fuse_grad_acc, bool):
         raise TypeError(f"fuse_grad_acc must be a bool, got {type(fuse_grad_acc).__name__}")
-    check_int(n_splits, "n_splits", 1)
+    records = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (residual, mhc_fn, mhc_norm_weight))
+    check_norm_fn_options(n * hidden, mhc_norm_eps, "mhc_norm_eps", n_splits, records)
     fn = mhc_fn if mhc_norm_weight is None else FnNormwMerge.apply(mhc_fn, mhc_norm_weight, target, flavor)
     return PreNormFn.apply(residual, fn, mhc_norm_eps, fuse_grad_acc, n_splits, target, flavor)
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vmi_core.checks import check_int, check_tensor
+from vmi_core.checks import check_float, check_int, check_tensor
 
 from .autograd import (
+    check_norm_fn_options,
     expand_to_mhc,
     mhc_head_compute_mix,
     mhc_pre_apply_mix,
@@ -69,6 +70,14 @@ def _check_pre_inputs(residual, fn, scale, base, norm_weight, mhc_mult: int, fn_
         check_tensor(norm_weight, "norm_weight", dtype=torch.float32, shape=(mhc_hidden,), device=device)
 
 
+def _check_mix_options(pre_eps, post_mult_value, sinkhorn_eps, sinkhorn_repeat) -> None:
+    check_float(pre_eps, "pre_eps", finite=True)
+    check_float(post_mult_value, "post_mult_value", finite=True)
+    if check_float(sinkhorn_eps, "sinkhorn_eps", finite=True) < 0:
+        raise ValueError(f"sinkhorn_eps must be >= 0, got {sinkhorn_eps}")
+    check_int(sinkhorn_repeat, "sinkhorn_repeat", 1)
+
+
 def _records(*tensors: torch.Tensor | None) -> bool:
     """Whether autograd records a graph through these tensors."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
@@ -109,7 +118,8 @@ def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.
             the wrong shape or device; otherwise as the two kernels' entry points.
     """
     _check_pre_inputs(residual, fn, mhc_scale, mhc_base, None, 4, mix_width(4), 3, mix_width(4), "mhc_pre_big_fuse")
-    check_int(n_splits, "n_splits", 1)
+    check_norm_fn_options(fn.shape[1], rms_eps, "rms_eps", n_splits, False)
+    _check_mix_options(mhc_pre_eps, mhc_post_mult_value, mhc_sinkhorn_eps, sinkhorn_repeat)
     lead = residual.shape[:-2]
     n, hidden = residual.shape[-2:]
     streams = residual.reshape(-1, n, hidden).contiguous()
@@ -166,7 +176,10 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
     """
     _check_pre_inputs(residual, fn, scale, base, norm_weight, mhc_mult, mix_width(mhc_mult), 3, mix_width(mhc_mult),
                       "mhc_pre")
-    if not _records(residual, fn, scale, base, norm_weight):
+    records = _records(residual, fn, scale, base, norm_weight)
+    check_norm_fn_options(fn.shape[1], norm_eps, "norm_eps", n_splits, records)
+    _check_mix_options(pre_eps, post_mult_value, sinkhorn_eps, sinkhorn_repeat)
+    if not records:
         if norm_weight is not None:
             fn = mhc_fn_normw_merge_fwd(fn, norm_weight, None, target=target, flavor=flavor)
         post_mix, comb_mix, layer_input = mhc_pre_big_fuse(
@@ -220,6 +233,9 @@ def mhc_head(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     mix = mix_width(mhc_mult)
     rows = mix if isinstance(fn, torch.Tensor) and fn.dim() == 2 and fn.shape[0] == mix else mhc_mult
     _check_pre_inputs(residual, fn, scale, base, norm_weight, mhc_mult, rows, 1, mhc_mult, "mhc_head")
+    check_norm_fn_options(fn.shape[1], norm_eps, "norm_eps", n_splits,
+                          _records(residual, fn, scale, base, norm_weight))
+    check_float(pre_eps, "pre_eps", finite=True)
     if rows < mix:
         fn = F.pad(fn, (0, 0, 0, mix - rows))
     mixes = mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps, n_splits=n_splits, target=target, flavor=flavor)
