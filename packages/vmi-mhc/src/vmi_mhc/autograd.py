@@ -47,6 +47,8 @@ the slot and returns the buffer as the residual's gradient. Hence:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -69,7 +71,7 @@ from .sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
 
 _LINEAGE_NODES = 16
 """How many autograd nodes above a consumer's mixes are searched for the norm_fn node that owns the
-residual's gradient slot (``mhc_pre``: at most 3; ``mhc_head``: 4)."""
+residual's gradient slot, breadth first (``mhc_pre`` finds it within 3, ``mhc_head`` within 6)."""
 
 
 # --- the residual-gradient slot ---
@@ -173,13 +175,6 @@ def check_norm_fn_options(mhc_hidden: int, eps, eps_name: str, n_splits, records
                          f"{BWD_ALIGN}, got {mhc_hidden}")
 
 
-def _tokens(lead) -> int:
-    count = 1
-    for size in lead:
-        count *= size
-    return count
-
-
 def _dense(grad: torch.Tensor | None, like: torch.Tensor, shape: tuple) -> torch.Tensor:
     """A contiguous ``shape`` copy (or view) of an incoming gradient; zeros for an unused output."""
     if grad is None:
@@ -195,7 +190,7 @@ class ExpandToMhc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, mhc_mult, out, target, flavor):
         hidden_size = hidden.shape[-1]
-        tokens = _tokens(hidden.shape[:-1])
+        tokens = math.prod(hidden.shape[:-1])
         o = out if out is not None else hidden.new_empty(*hidden.shape[:-1], mhc_mult, hidden_size)
         expand_to_mhc_fwd(hidden.view(tokens, hidden_size), o.view(tokens, mhc_mult, hidden_size), target=target,
                           flavor=flavor)
@@ -206,7 +201,7 @@ class ExpandToMhc(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, o_grad):
         hidden_size = ctx.hidden_shape[-1]
-        tokens = _tokens(ctx.hidden_shape[:-1])
+        tokens = math.prod(ctx.hidden_shape[:-1])
         mhc_mult = o_grad.shape[-2]
         x_grad = o_grad.new_empty(tokens, hidden_size)
         expand_to_mhc_bwd(_dense(o_grad, o_grad, (tokens, mhc_mult, hidden_size)), x_grad, target=ctx.target,
@@ -277,7 +272,7 @@ class PreNormFn(torch.autograd.Function):
     def forward(ctx, residual, fn, norm_eps, fuse_grad_acc, n_splits, target, flavor):
         mix, mhc_hidden = fn.shape
         lead = residual.shape[:-2]
-        tokens = _tokens(lead)
+        tokens = math.prod(lead)
         x = residual.reshape(tokens, mhc_hidden).contiguous()
         out_mul_splitted, sqrsum_splitted = mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=n_splits, target=target,
                                                                      flavor=flavor)
@@ -372,7 +367,7 @@ class PreSplitMixes(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps, target, flavor):
         lead = input_mixes.shape[:-1]
-        mixes = input_mixes.reshape(_tokens(lead), input_mixes.shape[-1]).contiguous()
+        mixes = input_mixes.reshape(math.prod(lead), input_mixes.shape[-1]).contiguous()
         pre, post, comb = mhc_pre_split_mixes_fwd(mixes, mhc_scale, mhc_base, None, None, None, mhc_post_mult_value,
                                                   mhc_pre_eps, target=target, flavor=flavor)
         ctx.save_for_backward(mixes, post, mhc_scale, mhc_base)
@@ -491,7 +486,7 @@ class PreApplyMix(torch.autograd.Function):
     def forward(ctx, x, mix, out, slot, target, flavor):
         n, hidden = x.shape[-2:]
         lead = x.shape[:-2]
-        tokens = _tokens(lead)
+        tokens = math.prod(lead)
         o = out if out is not None else x.new_empty(*lead, hidden)
         streams = x.reshape(tokens, n, hidden).contiguous()
         mhc_pre_apply_mix_fwd(streams, mix.reshape(tokens, n).contiguous(), o.view(tokens, hidden), target=target,
@@ -560,7 +555,7 @@ class Post(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, post_layer_mix, comb_res_mix, out, slot, target, flavor):
         n, hidden = residual.shape[-2:]
-        tokens = _tokens(residual.shape[:-2])
+        tokens = math.prod(residual.shape[:-2])
         inputs = (x.reshape(1, tokens, hidden).contiguous(), residual.reshape(1, tokens, n, hidden),
                   post_layer_mix.reshape(1, tokens, n, 1).contiguous(),
                   comb_res_mix.reshape(1, tokens, n, n).contiguous())
