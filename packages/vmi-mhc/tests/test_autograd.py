@@ -460,3 +460,17 @@ def test_head_compute_mix_by_hand():
                          "scale.grad")
     assert_bitwise_equal(p["base"].grad, ((torch.zeros(N) + base_rows[0]) + base_rows[1]) + base_rows[2],
                          "base.grad")
+
+
+def test_norm_fn_alone_fused_or_not():
+    """A fused norm_fn with no post or pre_apply_mix starts from zeros (spec §6.3): the same bits as
+    ``fuse_grad_acc=False``."""
+    inputs = layer_inputs(FEW, 60)
+    d_mixes = randn((*FEW, N3), 61)
+    grads = []
+    for fuse in (True, False):
+        p = leaves({name: inputs[name] for name in ("residual", "fn", "norm_weight")})
+        mhc_pre_norm_fn(p["residual"], p["fn"], p["norm_weight"], 1e-6, fuse, SPLITS, target="torch").backward(d_mixes)
+        grads.append(p)
+    for name, t in grads[0].items():
+        assert_bitwise_equal(t.grad, grads[1][name].grad, f"{name}.grad, fused vs not")
