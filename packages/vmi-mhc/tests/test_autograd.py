@@ -205,6 +205,11 @@ def test_pre_post_cpu(flavor, norm_weight):
 
 
 @pytest.mark.slow
+def test_pre_post_ascend_sim():
+    check_pre_post((1, 70), 3, target="ascend-sim")
+
+
+@pytest.mark.slow
 def test_pre_post_cpu_many_tokens():
     check_pre_post((4096,), 2, target="cpu")
 

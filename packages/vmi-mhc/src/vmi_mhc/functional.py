@@ -30,6 +30,7 @@ from .inputs import check_mhc_mult, mix_width
 from .norm_fn import mhc_fn_normw_merge_fwd
 from .pre_big_fuse import mhc_pre_big_fuse_fwd
 from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_fwd
+from .sinkhorn_parallel import MAX_BACKWARD_REPEAT
 
 
 def expand_from_embedding(x: torch.Tensor, mhc_mult: int = 4, *, target: str | None = None,
@@ -70,12 +71,14 @@ def _check_pre_inputs(residual, fn, scale, base, norm_weight, mhc_mult: int, fn_
         check_tensor(norm_weight, "norm_weight", dtype=torch.float32, shape=(mhc_hidden,), device=device)
 
 
-def _check_mix_options(pre_eps, post_mult_value, sinkhorn_eps, sinkhorn_repeat) -> None:
+def _check_mix_options(pre_eps, post_mult_value, sinkhorn_eps, sinkhorn_repeat, records: bool) -> None:
+    """The scalar options of the split and Sinkhorn kernels, checked before the first kernel runs;
+    when autograd records, ``sinkhorn_repeat`` also fits the Sinkhorn backward (at most 16)."""
     check_float(pre_eps, "pre_eps", finite=True)
     check_float(post_mult_value, "post_mult_value", finite=True)
     if check_float(sinkhorn_eps, "sinkhorn_eps", finite=True) < 0:
         raise ValueError(f"sinkhorn_eps must be >= 0, got {sinkhorn_eps}")
-    check_int(sinkhorn_repeat, "sinkhorn_repeat", 1)
+    check_int(sinkhorn_repeat, "sinkhorn_repeat", 1, MAX_BACKWARD_REPEAT if records else None)
 
 
 def _records(*tensors: torch.Tensor | None) -> bool:
@@ -119,7 +122,7 @@ def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.
     """
     _check_pre_inputs(residual, fn, mhc_scale, mhc_base, None, 4, mix_width(4), 3, mix_width(4), "mhc_pre_big_fuse")
     check_norm_fn_options(fn.shape[1], rms_eps, "rms_eps", n_splits, False)
-    _check_mix_options(mhc_pre_eps, mhc_post_mult_value, mhc_sinkhorn_eps, sinkhorn_repeat)
+    _check_mix_options(mhc_pre_eps, mhc_post_mult_value, mhc_sinkhorn_eps, sinkhorn_repeat, False)
     lead = residual.shape[:-2]
     n, hidden = residual.shape[-2:]
     streams = residual.reshape(-1, n, hidden).contiguous()
@@ -159,7 +162,8 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
         post_mult_value: The post multiplier.
         pre_eps: The pre floor.
         sinkhorn_eps: The Sinkhorn epsilon.
-        sinkhorn_repeat: Sinkhorn iterations (``1 <= repeat <= 16`` for the backward).
+        sinkhorn_repeat: Sinkhorn iterations, ``>= 1``; at most 16 when autograd records (the
+            Sinkhorn backward keeps every step on chip).
         n_splits: The prenorm GEMM's split-K count (``n·H / n_splits`` a multiple of 64).
         target: As ``expand_to_mhc``; passed to every kernel.
         flavor: As ``expand_to_mhc``; passed to every kernel.
@@ -171,14 +175,15 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
         TypeError: A tensor argument is not a tensor or has the wrong dtype; ``mhc_mult`` is not an
             int.
         ValueError: ``mhc_mult`` is not 4; ``residual`` is not ``(..., n, H)``; ``fn``, ``scale``,
-            ``base`` or ``norm_weight`` has the wrong shape or device; otherwise as the kernels'
-            entry points.
+            ``base`` or ``norm_weight`` has the wrong shape or device; a scalar option is out of
+            range (``n_splits``, the epsilons, ``sinkhorn_repeat``; checked before any kernel);
+            otherwise as the kernels' entry points.
     """
     _check_pre_inputs(residual, fn, scale, base, norm_weight, mhc_mult, mix_width(mhc_mult), 3, mix_width(mhc_mult),
                       "mhc_pre")
     records = _records(residual, fn, scale, base, norm_weight)
     check_norm_fn_options(fn.shape[1], norm_eps, "norm_eps", n_splits, records)
-    _check_mix_options(pre_eps, post_mult_value, sinkhorn_eps, sinkhorn_repeat)
+    _check_mix_options(pre_eps, post_mult_value, sinkhorn_eps, sinkhorn_repeat, records)
     if not records:
         if norm_weight is not None:
             fn = mhc_fn_normw_merge_fwd(fn, norm_weight, None, target=target, flavor=flavor)
