@@ -48,15 +48,19 @@ def check_ascend(src: str, kernel: str, dma: tuple[int, int], regions=(0, 1)) ->
 
 ALL = dict(mask=True, bias=True, image=True, fixed=True, force=True)
 GATE_ASCEND = [
-    GateCase(72, 6),
     GateCase(256, 8, S=2, dup=3, **ALL),
+    GateCase(72, 6),
     GateCase(384, 6, S=1, dup=1, mask=True, image=True, force=True, unmapped=True, scores=False),
 ]
+# The default run lowers the gate with every input (each lowering takes seconds); the plain gate and
+# the unmapped-output one in the slow run.
+GATE_ASCEND_PARAMS = [pytest.param(case, id=case.id, marks=[pytest.mark.slow] if i else [])
+                      for i, case in enumerate(GATE_ASCEND)]
 TOPK_ASCEND = [TopkGateSpec(256, 8), TopkGateSpec(36, 1)]
 NORMALIZE_ASCEND = [NormalizeWeightSpec(6, "ascend"), NormalizeWeightSpec(32, "ascend")]
 
 
-@pytest.mark.parametrize("case", GATE_ASCEND, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", GATE_ASCEND_PARAMS)
 def test_gate_ascend_lowering(case: GateCase) -> None:
     spec = gate_spec(case)
     check_ascend(moe_topk_gate_source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
@@ -74,17 +78,20 @@ def test_normalize_weight_ascend_lowering(spec: NormalizeWeightSpec) -> None:
     check_ascend(normalize_weight_source(spec, "ascend"), "normalize_weight_kernel", (1, 2), regions=(1, 0))
 
 
+# One nvcc compile by default (the gate with every input); the other kernels' in the slow run.
 CUDA_CASES = [
-    ("topk_gate-E72-K6", lambda: topk_gate_source(TopkGateSpec(72, 6), "cuda"), "topk_gate_kernel"),
-    ("normalize_weight-K8", lambda: normalize_weight_source(NormalizeWeightSpec(8, "cuda"), "cuda"),
-     "normalize_weight_kernel"),
-    ("gate-all", lambda: moe_topk_gate_source(gate_spec(GateCase(256, 8, S=2, dup=3, flavor="cuda", **ALL)), "cuda"),
-     "moe_topk_gate_kernel"),
+    pytest.param("topk_gate-E72-K6", lambda: topk_gate_source(TopkGateSpec(72, 6), "cuda"), "topk_gate_kernel",
+                 id="topk_gate-E72-K6", marks=pytest.mark.slow),
+    pytest.param("normalize_weight-K8", lambda: normalize_weight_source(NormalizeWeightSpec(8, "cuda"), "cuda"),
+                 "normalize_weight_kernel", id="normalize_weight-K8", marks=pytest.mark.slow),
+    pytest.param("gate-all",
+                 lambda: moe_topk_gate_source(gate_spec(GateCase(256, 8, S=2, dup=3, flavor="cuda", **ALL)), "cuda"),
+                 "moe_topk_gate_kernel", id="gate-all"),
 ]
 
 
 @pytest.mark.cuda_compile
-@pytest.mark.parametrize(("name", "source", "kernel"), CUDA_CASES, ids=[c[0] for c in CUDA_CASES])
+@pytest.mark.parametrize(("name", "source", "kernel"), CUDA_CASES)
 def test_cuda_lowering_compiles(name, source, kernel) -> None:
     src = source()
     assert "__global__ void" in src and kernel in src
