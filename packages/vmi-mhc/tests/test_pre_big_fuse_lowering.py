@@ -9,9 +9,9 @@ vector instructions, the token columns gathered and scattered in UB), the stream
 region, no scalar UB access, no barrier inside a thread-guarded branch; the tiles fit the unified
 buffer. CUDA: the source compiles with nvcc for an explicit arch.
 
-The spec is the one test_pre_big_fuse runs on ascend-sim by default (their lowering is shared), and
-both tests run under ``slow``: the Ascend lowering of this kernel takes about 10 s (most of it the
-pass that schedules the block loop), which the default ascend-sim test already pays.
+The spec is the one test_pre_big_fuse runs on ascend-sim (their lowering is shared). Both tests run
+under ``slow``: the Ascend lowering of this kernel takes about 10 s (most of it the pass that
+schedules the block loop).
 """
 
 from __future__ import annotations
