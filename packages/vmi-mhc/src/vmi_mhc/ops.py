@@ -3,9 +3,10 @@
 Each entry is built from the op's declaration (``kernel_op_entry``). Token-major shapes:
 ``(tokens, hidden)`` for the residual ops (``expand``, ``pre_apply_mix``; the stream count is an
 option, 4 by default) and the ``norm_fn`` stages (``K = 4 · hidden``, ``n3 = 24`` mix entries; the
-merge stages use the hidden size only: ``fn`` is ``(24, K)``), ``(tokens,)`` for the mix ops
-(``head_compute_mix``, whose stream count is an option, 4 by default; ``pre_split_mixes``,
-``sinkhorn``). Every entry is checked bit for bit: kernel and reference share
+merge stages use the hidden size only: ``fn`` is ``(24, K)``; ``pre_big_fuse``: 4 streams, its
+partials and residual of that shape), ``(tokens,)`` for the mix ops (``head_compute_mix``, whose
+stream count is an option, 4 by default; ``pre_split_mixes``, ``sinkhorn``). Every entry is checked
+bit for bit: kernel and reference share
 the flavor's fp32 chain.
 ``(tokens, hidden)`` for the residual ops (as ``(B, S) = (tokens, 1)``), ``(tokens,)`` for the mix
 ops; the stream count is 4.
