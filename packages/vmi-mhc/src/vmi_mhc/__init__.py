@@ -10,17 +10,39 @@ v2's names and arguments (outputs given and written, and also returned):
 * ``mhc_fn_normw_merge_fwd`` / ``_bwd``, ``mhc_pre_norm_fn_gemm_fwd`` / ``_bwd``,
   ``mhc_reduce_partials_and_rmsnorm_fwd`` / ``_bwd`` — ``norm_fn``: the weight merge, the prenorm
   GEMM (split-K partials, TF32 operands) and the split reduction with the RMS scale;
+* ``mhc_head_compute_mix_fwd`` / ``_bwd`` — the LM head's pre mix ``σ(g·x + b) + eps`` (one gain);
 * ``mhc_pre_split_mixes_fwd`` / ``_bwd`` — pre, post and comb logits from the mix vector;
-* ``mhc_sinkhorn_fwd`` / ``_bwd`` — the Sinkhorn projection of the comb logits.
+* ``mhc_sinkhorn_fwd`` / ``_bwd`` — the Sinkhorn projection of the comb logits;
+* ``mhc_pre_big_fuse_fwd`` — the inference ``pre`` (reduce, RMS, split, Sinkhorn and the pre
+  mix applied) in one kernel, bit for bit the unfused chain.
 
 Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu``, ``ascend-sim`` or the reference
 ``torch``) and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
 entry points always run the kernel. The per-flavor arithmetic that the fused kernels must
 reproduce lives in ``vmi_mhc.tl``.
+
+The autograd layer keeps TileKernels v1's functional API (``vmi_mhc.autograd``,
+``vmi_mhc.functional``): ``expand_to_mhc``, ``mhc_pre_norm_fn``, ``mhc_pre_split_mixes``,
+``sinkhorn_normalize``, ``mhc_pre_apply_mix``, ``mhc_post``, ``mhc_head_compute_mix`` (each a
+``torch.autograd.Function`` over the kernels above), and ``expand_from_embedding``, ``mhc_pre``,
+``mhc_head``, ``mhc_pre_big_fuse`` (the layer functions; ``mhc_pre`` takes the fused kernel when
+autograd does not record).
 """
 
+from .autograd import (
+    expand_to_mhc,
+    mhc_head_compute_mix,
+    mhc_post,
+    mhc_pre_apply_mix,
+    mhc_pre_norm_fn,
+    mhc_pre_split_mixes,
+    sinkhorn_normalize,
+)
 from .expand import expand_to_mhc_bwd, expand_to_mhc_fwd
 from .expand_parallel import expand_to_mhc_bwd_parallel, expand_to_mhc_fwd_parallel
+from .functional import expand_from_embedding, mhc_head, mhc_pre, mhc_pre_big_fuse
+from .head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
+from .head_compute_mix_parallel import mhc_head_compute_mix_bwd_parallel, mhc_head_compute_mix_fwd_parallel
 from .norm_fn import (
     mhc_fn_normw_merge_bwd,
     mhc_fn_normw_merge_fwd,
@@ -37,6 +59,8 @@ from .post import mhc_post_bwd, mhc_post_fwd
 from .post_parallel import mhc_post_bwd_parallel, mhc_post_fwd_parallel
 from .pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
 from .pre_apply_mix_parallel import mhc_pre_apply_mix_bwd_parallel, mhc_pre_apply_mix_fwd_parallel
+from .pre_big_fuse import mhc_pre_big_fuse_fwd
+from .pre_big_fuse_parallel import mhc_pre_big_fuse_fwd_parallel
 from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
 from .pre_norm_fn_gemm_parallel import mhc_pre_norm_fn_gemm_bwd_parallel, mhc_pre_norm_fn_gemm_fwd_parallel
 from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
@@ -47,6 +71,8 @@ from .sinkhorn_parallel import mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd_paral
 __version__ = "0.1.0"
 
 __all__ = [
+    "expand_from_embedding",
+    "expand_to_mhc",
     "expand_to_mhc_bwd",
     "expand_to_mhc_bwd_parallel",
     "expand_to_mhc_fwd",
@@ -55,18 +81,32 @@ __all__ = [
     "mhc_fn_normw_merge_bwd_parallel",
     "mhc_fn_normw_merge_fwd",
     "mhc_fn_normw_merge_fwd_parallel",
+    "mhc_head",
+    "mhc_head_compute_mix",
+    "mhc_head_compute_mix_bwd",
+    "mhc_head_compute_mix_bwd_parallel",
+    "mhc_head_compute_mix_fwd",
+    "mhc_head_compute_mix_fwd_parallel",
+    "mhc_post",
     "mhc_post_bwd",
     "mhc_post_bwd_parallel",
     "mhc_post_fwd",
     "mhc_post_fwd_parallel",
+    "mhc_pre",
+    "mhc_pre_apply_mix",
     "mhc_pre_apply_mix_bwd",
     "mhc_pre_apply_mix_bwd_parallel",
     "mhc_pre_apply_mix_fwd",
     "mhc_pre_apply_mix_fwd_parallel",
+    "mhc_pre_big_fuse",
+    "mhc_pre_big_fuse_fwd",
+    "mhc_pre_big_fuse_fwd_parallel",
+    "mhc_pre_norm_fn",
     "mhc_pre_norm_fn_gemm_bwd",
     "mhc_pre_norm_fn_gemm_bwd_parallel",
     "mhc_pre_norm_fn_gemm_fwd",
     "mhc_pre_norm_fn_gemm_fwd_parallel",
+    "mhc_pre_split_mixes",
     "mhc_pre_split_mixes_bwd",
     "mhc_pre_split_mixes_bwd_parallel",
     "mhc_pre_split_mixes_fwd",
@@ -79,4 +119,5 @@ __all__ = [
     "mhc_sinkhorn_bwd_parallel",
     "mhc_sinkhorn_fwd",
     "mhc_sinkhorn_fwd_parallel",
+    "sinkhorn_normalize",
 ]

@@ -7,6 +7,10 @@ output is written.
 
 from __future__ import annotations
 
+import torch
+
+from vmi_core.checks import check_float
+
 MHC_MULT = 4
 """The stream count ``n`` the 4x4-specialised kernels (Sinkhorn, split, big fuse) are built for."""
 
@@ -32,3 +36,12 @@ def check_streams(mhc_mult: int, name: str) -> int:
     if not 1 <= mhc_mult <= MAX_STREAMS:
         raise ValueError(f"{name} must be in [1, {MAX_STREAMS}] (the number of streams), got {mhc_mult}")
     return mhc_mult
+
+
+def finite_fp32(value, name: str) -> float:
+    """``value`` (a real number) as the fp32 scalar a kernel takes, when that is finite."""
+    value = check_float(value, name, finite=True)
+    as_fp32 = float(torch.tensor(value, dtype=torch.float32))
+    if not abs(as_fp32) < float("inf"):
+        raise ValueError(f"{name} must be finite as fp32, got {value}")
+    return as_fp32
