@@ -1,0 +1,79 @@
+"""``vmi demo`` (entry point ``block`` of the group ``vmi.demos``): the DeepSeek-V4-style block of
+``vmi_devkit.block`` forward and backward with the cpu kernels and with the references, a table of
+the time per stage, and the block's error against float64; ``--ep 2`` also runs the 2-rank
+expert-parallel forward and compares it with the single-process one."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from .block import BlockConfig, Kernels, StageTimer, float64_errors, make_params, run_block
+
+
+def _timed_runs(ops: Kernels, c: BlockConfig, seed: int, repeat: int) -> tuple[StageTimer, float]:
+    """The fastest of ``repeat`` forward + backward runs: its stage times and its total seconds."""
+    best = None
+    for _ in range(repeat):
+        p = make_params(c, seed).fresh()
+        timer = StageTimer()
+        start = time.perf_counter()
+        run_block(ops, p, c, timer).loss.backward()
+        total = time.perf_counter() - start
+        if best is None or total < best[1]:
+            best = (timer, total)
+    return best
+
+
+def _print_table(kernel: tuple[StageTimer, float], reference: tuple[StageTimer, float]) -> None:
+    (k_timer, k_total), (r_timer, r_total) = kernel, reference
+    print(f"{'stage':28s} {'kernel ms':>10s} {'(fwd + bwd)':>16s} {'reference ms':>13s} {'share':>7s}")
+    for stage in k_timer.order:
+        k_fwd, k_bwd = k_timer.forward[stage], k_timer.backward[stage]
+        r_ms = (r_timer.forward[stage] + r_timer.backward[stage]) * 1e3
+        print(f"{stage:28s} {(k_fwd + k_bwd) * 1e3:10.2f} {f'{k_fwd * 1e3:.2f} + {k_bwd * 1e3:.2f}':>16s} "
+              f"{r_ms:13.2f} {(k_fwd + k_bwd) / k_total:7.1%}")
+    print(f"{'block (forward + backward)':28s} {k_total * 1e3:10.2f} {'':16s} {r_total * 1e3:13.2f} {1:7.0%}")
+
+
+def _print_errors(label: str, errors: dict[str, float]) -> None:
+    worst = max((name for name in errors if name != "head"), key=errors.get)
+    print(f"  {label:10s} head {errors['head']:.2e}, gradients up to {errors[worst]:.2e} ({worst})")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="vmi demo block", description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--flavor", choices=("ascend", "cuda"), default="ascend")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each implementation (fastest shown)")
+    parser.add_argument("--ep", type=int, choices=(1, 2), default=1,
+                        help="2: also the 2-rank expert-parallel forward (gloo, two local processes)")
+    args = parser.parse_args(argv)
+    c = BlockConfig()
+    print(f"block: {c.num_sequences} sequences x {c.sequence_length} tokens, hidden {c.hidden}, mHC n = {c.mhc_mult}, "
+          f"{c.num_experts} experts, top-{c.num_topk}, SwiGLU width {c.expert_hidden}; flavor {args.flavor}")
+    kernels, reference = Kernels("cpu", args.flavor), Kernels("torch", args.flavor)
+    start = time.perf_counter()
+    run_block(kernels, make_params(c, args.seed).fresh(), c).loss.backward()
+    print(f"first run (compiles the kernels not yet in the cache): {time.perf_counter() - start:.1f} s\n")
+    _print_table(_timed_runs(kernels, c, args.seed, args.repeat), _timed_runs(reference, c, args.seed, args.repeat))
+
+    print("\nmax error against the float64 block (max |x - exact| / max |exact|; E4M3 casts in both):")
+    for ops in (kernels, reference):
+        p = make_params(c, args.seed).fresh()
+        run = run_block(ops, p, c)
+        run.loss.backward()
+        _print_errors(ops.name.split(" ")[0], float64_errors(run, p, c))
+
+    if args.ep == 2:
+        from .block_ep import run_expert_parallel
+
+        result = run_expert_parallel(c, args.seed, "cpu", args.flavor)
+        same = torch.equal(result["expert_parallel"].view(torch.int16), result["single"].view(torch.int16))
+        diff = (result["expert_parallel"].float() - result["single"].float()).abs().max().item()
+        print(f"\nexpert parallel (2 ranks, gloo, forward): {'bit for bit' if same else f'max diff {diff:.3e} from'} "
+              f"the single-process block; rank 0's forward {result['seconds'] * 1e3:.1f} ms")
+        return 0 if same else 1
+    return 0
