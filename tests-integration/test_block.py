@@ -25,6 +25,16 @@ pytestmark = [pytest.mark.block, pytest.mark.slow]
 CONFIG = BlockConfig()
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The block's torch ops are tiny: one thread, as the expert-parallel ranks and the demo run them
+    (a busy machine's cores make a second thread wait)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_block_forward_and_backward():
     """One run of each implementation (the first compiles the kernels: one test, so that one worker
     compiles them while another runs the expert-parallel test)."""

@@ -6,8 +6,11 @@ expert-parallel forward and compares it with the single-process one."""
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -16,36 +19,51 @@ from vmi_core.cpu_parallel import THREADS_ENV
 from .block import BlockConfig, Kernels, StageTimer, float64_errors, make_params, run_block
 
 
-def _timed_runs(ops: Kernels, c: BlockConfig, seed: int, repeat: int) -> tuple[dict, dict, list[str], float]:
-    """``repeat`` forward + backward runs: per stage the fastest forward and backward seconds, the
-    stage order and the fastest block total (the machine's other work only ever adds time)."""
-    forward, backward, total = {}, {}, float("inf")
+@dataclass
+class Timings:
+    """Median seconds over the timed runs, per stage (forward, backward) and of the whole block."""
+
+    order: list[str]
+    forward: dict[str, float]
+    backward: dict[str, float]
+    total: float
+
+
+def _timed_runs(ops: Kernels, c: BlockConfig, seed: int, repeat: int) -> Timings:
+    """``repeat`` forward + backward runs with Python's garbage collector paused (as ``timeit``
+    does); medians, so that a run the machine's other work interrupted does not count."""
+    timers, totals = [], []
     for _ in range(repeat):
         p = make_params(c, seed).fresh()
         timer = StageTimer()
-        start = time.perf_counter()
-        run_block(ops, p, c, timer).loss.backward()
-        total = min(total, time.perf_counter() - start)
-        for stage in timer.order:
-            forward[stage] = min(forward.get(stage, float("inf")), timer.forward[stage])
-            backward[stage] = min(backward.get(stage, float("inf")), timer.backward[stage])
-    return forward, backward, timer.order, total
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            run_block(ops, p, c, timer).loss.backward()
+            totals.append(time.perf_counter() - start)
+        finally:
+            gc.enable()
+        timers.append(timer)
+    order = timers[0].order
+    return Timings(order, {s: statistics.median(t.forward[s] for t in timers) for s in order},
+                   {s: statistics.median(t.backward[s] for t in timers) for s in order}, statistics.median(totals))
 
 
-def _print_table(kernel, reference) -> None:
-    (k_fwd, k_bwd, order, k_total), (r_fwd, r_bwd, _, r_total) = kernel, reference
+def _print_table(kernel: Timings, reference: Timings) -> None:
     print(f"{'stage':28s} {'kernel ms':>10s} {'(fwd + bwd)':>16s} {'reference ms':>13s} {'share':>7s}")
-    for stage in order:
-        k_ms = (k_fwd[stage] + k_bwd[stage]) * 1e3
-        r_ms = (r_fwd[stage] + r_bwd[stage]) * 1e3
-        split = f"{k_fwd[stage] * 1e3:.2f} + {k_bwd[stage] * 1e3:.2f}"
-        print(f"{stage:28s} {k_ms:10.2f} {split:>16s} {r_ms:13.2f} {k_ms / 1e3 / k_total:7.1%}")
-    k_other = k_total - sum(k_fwd.values()) - sum(k_bwd.values())
-    r_other = r_total - sum(r_fwd.values()) - sum(r_bwd.values())
-    print(f"{'other (layout, autograd)':28s} {k_other * 1e3:10.2f} {'':16s} {r_other * 1e3:13.2f} "
-          f"{k_other / k_total:7.1%}")
-    print(f"{'block (forward + backward)':28s} {k_total * 1e3:10.2f} {'':16s} {r_total * 1e3:13.2f}")
-    print("(fastest of the runs per stage and for the block; share: of the kernel block's time)")
+    for stage in kernel.order:
+        k_fwd, k_bwd = kernel.forward[stage], kernel.backward[stage]
+        r_ms = (reference.forward[stage] + reference.backward[stage]) * 1e3
+        split = f"{k_fwd * 1e3:.2f} + {k_bwd * 1e3:.2f}"
+        print(f"{stage:28s} {(k_fwd + k_bwd) * 1e3:10.2f} {split:>16s} {r_ms:13.2f} "
+              f"{(k_fwd + k_bwd) / kernel.total:7.1%}")
+    k_other = kernel.total - sum(kernel.forward.values()) - sum(kernel.backward.values())
+    r_other = reference.total - sum(reference.forward.values()) - sum(reference.backward.values())
+    print(f"{'outside the stages':28s} {k_other * 1e3:10.2f} {'':16s} {r_other * 1e3:13.2f} "
+          f"{k_other / kernel.total:7.1%}")
+    print(f"{'block (forward + backward)':28s} {kernel.total * 1e3:10.2f} {'':16s} {reference.total * 1e3:13.2f}")
+    print("(medians of the runs; share: of the kernel block's time)")
 
 
 def _print_errors(label: str, errors: dict[str, float]) -> None:
@@ -57,7 +75,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vmi demo block", description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--flavor", choices=("ascend", "cuda"), default="ascend")
-    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each implementation (fastest shown)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs of each implementation (medians shown)")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads of torch and of the cpu kernels (default 1: stable timings on a busy machine)")
     parser.add_argument("--ep", type=int, choices=(1, 2), default=1,
