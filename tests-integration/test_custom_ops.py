@@ -98,6 +98,14 @@ def _split_mixes_into_outputs():
                                     base, torch.empty(12, 24), torch.empty(3), torch.empty(24), 0.0)
 
 
+def _head_mix_into_outputs():
+    # The kernel-level API: every output given (the .out overloads), with TileKernels' block-size hint.
+    x, scale, base = randn((12, 4), 12), randn((1,), 13), randn((4,), 14)
+    vmi_mhc.mhc_head_compute_mix_fwd(x, scale, base, torch.empty(12, 4), 1e-2, 32)
+    vmi_mhc.mhc_head_compute_mix_bwd(randn((12, 4), 15), x, scale, base, torch.empty(12, 4), torch.empty(3, 1),
+                                     torch.empty(3, 4), 3, 32)
+
+
 def _norm_fn_stages_into_given_outputs():
     # The kernel-level API writes preallocated outputs (the ``.out`` overloads); 3 splits, 24 mixes.
     fn, normw = randn((24, 256), 4), randn((256,), 5)
@@ -156,6 +164,7 @@ VARIANTS = {
     "moe_topk_gate_forward-mutable": _gate_with_mutable_arguments,
     "moe_topk_gate_backward-out": _backward_with_out,
     "moe_topk_gate_autograd": _gate_with_autograd,
+    "mhc_head_compute_mix-out": _head_mix_into_outputs,
     "mhc_pre_split_mixes-out": _split_mixes_into_outputs,
     "mhc_norm_fn-out": _norm_fn_stages_into_given_outputs,
     "mhc_sinkhorn_fwd-out": lambda: vmi_mhc.mhc_sinkhorn_fwd(COMB, torch.empty_like(COMB), 3, 1e-2),

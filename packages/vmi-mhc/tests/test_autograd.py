@@ -14,7 +14,7 @@
 
 The plumbing is target-independent, so the default set runs it on the ``torch`` target (the
 reference, no compiles) and only the two Functions of the residual protocol that have a kernel of
-their own, ``mhc_pre_apply_mix`` and ``mhc_post``, on ``cpu`` kernels (four compiles); the whole
+their own, ``mhc_pre_apply_mix`` and ``mhc_post``, on ``cpu`` kernels (two tests of two compiles); the whole
 layer and every Function on ``cpu`` in both flavors, 4096 tokens and ``ascend-sim`` run under
 ``slow``.
 """
@@ -63,18 +63,23 @@ FEW = (2, 3)  # the plumbing on the torch target (its prenorm GEMM reference loo
 OPTIONS = {"norm_eps": 1e-6, "post_mult_value": 2.0, "pre_eps": 1e-2, "sinkhorn_eps": 1e-6, "sinkhorn_repeat": 10}
 FLAVORS = ("ascend", "cuda")
 
-# Normwise bounds, max |kernel - exact| / max |exact|:
-# - bf16 results (layer input, next residual, residual and hidden gradients): each store rounds to
-#   bf16 (relative 2^-9); the residual gradient is rounded three times (post, pre_apply_mix,
-#   norm_fn) and its partial sums can exceed the final value, so 2^-6 covers it;
-# - everything downstream of the prenorm GEMM: its operands fn_eff and the mixes' gradient are
-#   rounded to TF32 (relative 2^-11 each), which the fp32 steps after it (sigmoid, Sinkhorn,
-#   reduction) carry on, and the inputs of the mixes' chain are bf16 (the sublayer input) — 2^-8;
-# - pure fp32 chains (Sinkhorn, split, head mix, post's mix gradients on exact bf16 inputs): a few
-#   fp32 roundings a step over at most 19 Sinkhorn steps, amplified by Sinkhorn's conditioning:
-#   1e-5.
+# Bounds against the float64 composition, normwise (max |kernel - exact| <= bound · max |exact|),
+# from the roundings the kernels do and it does not:
+# - bf16 results and gradients (layer input, next residual, residual and hidden gradients): one
+#   bf16 store is relative 2^-9; the residual gradient is rounded three times (post, pre_apply_mix,
+#   norm_fn) and its partial sums can exceed the final value: 2^-6;
+# - the mixes downstream of the prenorm GEMM: its operand fn_eff is rounded to TF32 (relative 2^-11)
+#   and the fp32 steps after it carry that on: 2^-8;
+# - gradients of the mixes and the parameters in the layer: the bf16 gradient of the sublayer input
+#   (relative 2^-9 per element) and the TF32 mixes' gradient (2^-11) enter them through sums over H
+#   and over tokens whose terms cancel, which magnifies the relative error by the ratio of the
+#   terms' magnitudes to the sum's: measured up to 7.8e-3 (the gains' gradient, 70 tokens), bound
+#   2^-5 (a wrong protocol, e.g. a lost contribution, is off by O(1));
+# - pure fp32 chains on exact inputs (Sinkhorn, split, head mix, post's mix gradients, one Function
+#   alone): a few fp32 roundings a step over at most 19 Sinkhorn steps: 1e-5.
 BF16_BOUND = 2.0 ** -6
 TF32_BOUND = 2.0 ** -8
+LAYER_BOUND = 2.0 ** -5
 FP32_BOUND = 1e-5
 
 
@@ -83,6 +88,11 @@ def assert_normwise(actual: torch.Tensor, wanted: torch.Tensor, bound: float, na
     scale = wanted.abs().max().item() if wanted.numel() else 0.0
     error = (actual.double() - wanted).abs().max().item() if wanted.numel() else 0.0
     assert error <= bound * scale, f"{name}: max error {error:.3e} > {bound:.1e} · {scale:.3e}"
+
+
+def assert_grads(grads: dict, wanted: dict, bounds: dict) -> None:
+    for name, bound in bounds.items():
+        assert_normwise(grads[name], wanted[name], bound, f"{name}.grad")
 
 
 def layer_inputs(lead: tuple, seed: int, *, norm_weight: bool = True, fn_rows: int = N3) -> dict:
@@ -176,12 +186,11 @@ def check_pre_post(lead: tuple, seed: int, *, target, flavor=None, norm_weight=T
         assert_bitwise_equal(grads[name], wanted, f"{name}.grad vs spec §1.3 by hand [{target} {flavor}]")
     for actual, wanted in zip(outputs, by_hand_outputs, strict=True):
         assert_bitwise_equal(actual.detach().reshape(wanted.shape), wanted, "forward output vs by hand")
-    exact_outputs, exact_grads = pre_post_exact(inputs, d_out)
-    for name, actual, wanted, bound in zip(("layer_input", "post_mix", "comb_mix", "out"), outputs, exact_outputs,
-                                           (BF16_BOUND, TF32_BOUND, TF32_BOUND, BF16_BOUND), strict=True):
-        assert_normwise(actual.detach(), wanted.detach(), bound, name)
-    for name, wanted in exact_grads.items():
-        assert_normwise(grads[name], wanted, BF16_BOUND if name == "residual" else TF32_BOUND, f"{name}.grad")
+    exact_outputs, wanted = pre_post_exact(inputs, d_out)
+    for name, actual, want, bound in zip(("layer_input", "post_mix", "comb_mix", "out"), outputs, exact_outputs,
+                                         (BF16_BOUND, TF32_BOUND, TF32_BOUND, BF16_BOUND), strict=True):
+        assert_normwise(actual.detach(), want.detach(), bound, name)
+    assert_grads(grads, wanted, {name: BF16_BOUND if name == "residual" else LAYER_BOUND for name in wanted})
 
 
 def test_pre_post_torch():
@@ -193,6 +202,11 @@ def test_pre_post_torch():
 @pytest.mark.parametrize("norm_weight", (True, False))
 def test_pre_post_cpu(flavor, norm_weight):
     check_pre_post(LEAD, 1, target="cpu", flavor=flavor, norm_weight=norm_weight)
+
+
+@pytest.mark.slow
+def test_pre_post_ascend_sim():
+    check_pre_post((1, 70), 3, target="ascend-sim")
 
 
 @pytest.mark.slow
@@ -316,8 +330,8 @@ def check_head(lead: tuple, seed: int, *, target, flavor=None):
     wanted = exact.mhc_head(q["residual"], q["fn"], q["scale"], q["base"], norm_weight=q["norm_weight"], pre_eps=1e-2)
     (wanted * d_out.double()).sum().backward()
     assert_normwise(out.detach(), wanted.detach(), BF16_BOUND, "head output")
-    for name, t in p.items():
-        assert_normwise(t.grad, q[name].grad, BF16_BOUND if name == "residual" else TF32_BOUND, f"{name}.grad")
+    assert_grads({name: t.grad for name, t in p.items()}, {name: t.grad for name, t in q.items()},
+                 {name: BF16_BOUND if name == "residual" else LAYER_BOUND for name in p})
 
 
 def test_head_without_post():
@@ -362,8 +376,7 @@ def check_function(fn, exact_fn, inputs, seed, output_bound, grad_bounds):
     outputs, wanted, grads, exact_grads = function_grads(fn, exact_fn, inputs, seed)
     for i, (actual, want) in enumerate(zip(outputs, wanted, strict=True)):
         assert_normwise(actual.detach(), want.detach(), output_bound, f"output {i}")
-    for name, bound in grad_bounds.items():
-        assert_normwise(grads[name], exact_grads[name], bound, f"{name}.grad")
+    assert_grads(grads, exact_grads, grad_bounds)
 
 
 def check_sinkhorn_and_split(target, flavor):
@@ -379,14 +392,16 @@ def check_sinkhorn_and_split(target, flavor):
                    {"x": FP32_BOUND})
 
 
-def check_apply_and_post(target, flavor):
-    streams = randn((*LEAD, N, HIDDEN), 30, torch.bfloat16)
+def check_apply(target, flavor):
     check_function(lambda x, mix: mhc_pre_apply_mix(x, mix, target=target, flavor=flavor), exact.mhc_pre_apply_mix,
-                   {"x": streams, "mix": torch.sigmoid(randn((*LEAD, N, 1), 31))}, 32, BF16_BOUND,
-                   {"x": BF16_BOUND, "mix": FP32_BOUND})
+                   {"x": randn((*LEAD, N, HIDDEN), 30, torch.bfloat16), "mix": torch.sigmoid(randn((*LEAD, N, 1), 31))},
+                   32, BF16_BOUND, {"x": BF16_BOUND, "mix": FP32_BOUND})
+
+
+def check_post(target, flavor):
     check_function(lambda x, residual, post_layer_mix, comb_res_mix: mhc_post(
         x, residual, post_layer_mix, comb_res_mix, target=target, flavor=flavor), exact.mhc_post,
-        {"x": randn((*LEAD, HIDDEN), 33, torch.bfloat16), "residual": streams,
+        {"x": randn((*LEAD, HIDDEN), 33, torch.bfloat16), "residual": randn((*LEAD, N, HIDDEN), 30, torch.bfloat16),
          "post_layer_mix": randn((*LEAD, N, 1), 34), "comb_res_mix": randn((*LEAD, N, N), 35)}, 36, BF16_BOUND,
         {"x": BF16_BOUND, "residual": BF16_BOUND, "post_layer_mix": FP32_BOUND, "comb_res_mix": FP32_BOUND})
 
@@ -411,18 +426,22 @@ def check_norm_fn_head_expand(target, flavor):
 
 
 def test_functions_torch():
-    for check in (check_sinkhorn_and_split, check_apply_and_post, check_norm_fn_head_expand):
+    for check in (check_sinkhorn_and_split, check_apply, check_post, check_norm_fn_head_expand):
         check("torch", None)
 
 
-def test_apply_and_post_cpu():
-    check_apply_and_post("cpu", "ascend")
+def test_apply_cpu():
+    check_apply("cpu", "ascend")
+
+
+def test_post_cpu():
+    check_post("cpu", "ascend")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_functions_cpu(flavor):
-    for check in (check_sinkhorn_and_split, check_apply_and_post, check_norm_fn_head_expand):
+    for check in (check_sinkhorn_and_split, check_apply, check_post, check_norm_fn_head_expand):
         check("cpu", flavor)
 
 
@@ -446,3 +465,17 @@ def test_head_compute_mix_by_hand():
                          "scale.grad")
     assert_bitwise_equal(p["base"].grad, ((torch.zeros(N) + base_rows[0]) + base_rows[1]) + base_rows[2],
                          "base.grad")
+
+
+def test_norm_fn_alone_fused_or_not():
+    """A fused norm_fn with no post or pre_apply_mix starts from zeros (spec §6.3): the same bits as
+    ``fuse_grad_acc=False``."""
+    inputs = layer_inputs(FEW, 60)
+    d_mixes = randn((*FEW, N3), 61)
+    grads = []
+    for fuse in (True, False):
+        p = leaves({name: inputs[name] for name in ("residual", "fn", "norm_weight")})
+        mhc_pre_norm_fn(p["residual"], p["fn"], p["norm_weight"], 1e-6, fuse, SPLITS, target="torch").backward(d_mixes)
+        grads.append(p)
+    for name, t in grads[0].items():
+        assert_bitwise_equal(t.grad, grads[1][name].grad, f"{name}.grad, fused vs not")

@@ -47,6 +47,8 @@ the slot and returns the buffer as the residual's gradient. Hence:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -63,13 +65,13 @@ from .norm_fn import (
 )
 from .post import mhc_post_bwd, mhc_post_fwd
 from .pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
-from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
+from .pre_norm_fn_gemm import BWD_ALIGN, SPLIT_ALIGN, mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
 from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
 from .sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
 
 _LINEAGE_NODES = 16
 """How many autograd nodes above a consumer's mixes are searched for the norm_fn node that owns the
-residual's gradient slot (``mhc_pre``: at most 3; ``mhc_head``: 4)."""
+residual's gradient slot, breadth first (``mhc_pre`` finds it within 3, ``mhc_head`` within 6)."""
 
 
 # --- the residual-gradient slot ---
@@ -158,11 +160,19 @@ def _check_leading(t: torch.Tensor, name: str, lead: tuple, tail: tuple) -> None
         raise ValueError(f"{name} must have shape {wanted}, got {tuple(t.shape)}")
 
 
-def _tokens(lead) -> int:
-    count = 1
-    for size in lead:
-        count *= size
-    return count
+def check_norm_fn_options(mhc_hidden: int, eps, eps_name: str, n_splits, records: bool) -> None:
+    """The options of norm_fn's kernels, checked before the first of them runs: ``n_splits`` cuts
+    ``K`` into slices of a multiple of 64 columns, ``eps >= 0``, and when autograd records, ``K`` is
+    a multiple of 256 (the prenorm GEMM backward's block)."""
+    if check_float(eps, eps_name, finite=True) < 0:
+        raise ValueError(f"{eps_name} must be >= 0, got {eps}")
+    check_int(n_splits, "n_splits", 1)
+    if mhc_hidden % n_splits or (mhc_hidden // n_splits) % SPLIT_ALIGN:
+        raise ValueError(f"n_splits must split K = n·H = {mhc_hidden} into equal slices of a multiple of "
+                         f"{SPLIT_ALIGN} columns, got {n_splits}")
+    if records and mhc_hidden % BWD_ALIGN:
+        raise ValueError(f"residual: the backward of the prenorm GEMM needs n·H to be a multiple of "
+                         f"{BWD_ALIGN}, got {mhc_hidden}")
 
 
 def _dense(grad: torch.Tensor | None, like: torch.Tensor, shape: tuple) -> torch.Tensor:
@@ -180,7 +190,7 @@ class ExpandToMhc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, mhc_mult, out, target, flavor):
         hidden_size = hidden.shape[-1]
-        tokens = _tokens(hidden.shape[:-1])
+        tokens = math.prod(hidden.shape[:-1])
         o = out if out is not None else hidden.new_empty(*hidden.shape[:-1], mhc_mult, hidden_size)
         expand_to_mhc_fwd(hidden.view(tokens, hidden_size), o.view(tokens, mhc_mult, hidden_size), target=target,
                           flavor=flavor)
@@ -191,7 +201,7 @@ class ExpandToMhc(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, o_grad):
         hidden_size = ctx.hidden_shape[-1]
-        tokens = _tokens(ctx.hidden_shape[:-1])
+        tokens = math.prod(ctx.hidden_shape[:-1])
         mhc_mult = o_grad.shape[-2]
         x_grad = o_grad.new_empty(tokens, hidden_size)
         expand_to_mhc_bwd(_dense(o_grad, o_grad, (tokens, mhc_mult, hidden_size)), x_grad, target=ctx.target,
@@ -262,7 +272,7 @@ class PreNormFn(torch.autograd.Function):
     def forward(ctx, residual, fn, norm_eps, fuse_grad_acc, n_splits, target, flavor):
         mix, mhc_hidden = fn.shape
         lead = residual.shape[:-2]
-        tokens = _tokens(lead)
+        tokens = math.prod(lead)
         x = residual.reshape(tokens, mhc_hidden).contiguous()
         out_mul_splitted, sqrsum_splitted = mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=n_splits, target=target,
                                                                      flavor=flavor)
@@ -324,9 +334,11 @@ def mhc_pre_norm_fn(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weigh
     Raises:
         TypeError: A tensor argument is not a tensor or has the wrong dtype; ``fuse_grad_acc`` is
             not a bool; ``n_splits`` not an int; ``mhc_norm_eps`` not a real number.
-        ValueError: ``residual`` is not at least 2-D, ``n·H`` is not ``mhc_fn``'s width;
-            ``mhc_norm_weight`` has the wrong shape; a tensor is on another device; otherwise as
-            the kernels' entry points.
+        ValueError: ``residual`` is not at least 2-D, ``n·H`` is not ``mhc_fn``'s width or, when
+            autograd records, not a multiple of 256; ``mhc_norm_weight`` has the wrong shape; a
+            tensor is on another device; ``mhc_norm_eps`` is negative or not finite; ``n_splits``
+            does not cut ``n·H`` into slices of a multiple of 64; otherwise as the kernels' entry
+            points.
     """
     n, hidden = _check_streams(residual, "residual")
     check_tensor(mhc_fn, "mhc_fn", dtype=torch.float32, dim=2)
@@ -337,10 +349,11 @@ def mhc_pre_norm_fn(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weigh
     if mhc_norm_weight is not None:
         check_tensor(mhc_norm_weight, "mhc_norm_weight", dtype=torch.float32, shape=(n * hidden,))
         _check_same_device(mhc_norm_weight, "mhc_norm_weight", residual.device)
-    check_float(mhc_norm_eps, "mhc_norm_eps", finite=True)
     if not isinstance(fuse_grad_acc, bool):
         raise TypeError(f"fuse_grad_acc must be a bool, got {type(fuse_grad_acc).__name__}")
-    check_int(n_splits, "n_splits", 1)
+    records = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (residual, mhc_fn, mhc_norm_weight))
+    check_norm_fn_options(n * hidden, mhc_norm_eps, "mhc_norm_eps", n_splits, records)
     fn = mhc_fn if mhc_norm_weight is None else FnNormwMerge.apply(mhc_fn, mhc_norm_weight, target, flavor)
     return PreNormFn.apply(residual, fn, mhc_norm_eps, fuse_grad_acc, n_splits, target, flavor)
 
@@ -354,7 +367,7 @@ class PreSplitMixes(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input_mixes, mhc_scale, mhc_base, mhc_mult, mhc_post_mult_value, mhc_pre_eps, target, flavor):
         lead = input_mixes.shape[:-1]
-        mixes = input_mixes.reshape(_tokens(lead), input_mixes.shape[-1]).contiguous()
+        mixes = input_mixes.reshape(math.prod(lead), input_mixes.shape[-1]).contiguous()
         pre, post, comb = mhc_pre_split_mixes_fwd(mixes, mhc_scale, mhc_base, None, None, None, mhc_post_mult_value,
                                                   mhc_pre_eps, target=target, flavor=flavor)
         ctx.save_for_backward(mixes, post, mhc_scale, mhc_base)
@@ -473,7 +486,7 @@ class PreApplyMix(torch.autograd.Function):
     def forward(ctx, x, mix, out, slot, target, flavor):
         n, hidden = x.shape[-2:]
         lead = x.shape[:-2]
-        tokens = _tokens(lead)
+        tokens = math.prod(lead)
         o = out if out is not None else x.new_empty(*lead, hidden)
         streams = x.reshape(tokens, n, hidden).contiguous()
         mhc_pre_apply_mix_fwd(streams, mix.reshape(tokens, n).contiguous(), o.view(tokens, hidden), target=target,
@@ -542,7 +555,7 @@ class Post(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, post_layer_mix, comb_res_mix, out, slot, target, flavor):
         n, hidden = residual.shape[-2:]
-        tokens = _tokens(residual.shape[:-2])
+        tokens = math.prod(residual.shape[:-2])
         inputs = (x.reshape(1, tokens, hidden).contiguous(), residual.reshape(1, tokens, n, hidden),
                   post_layer_mix.reshape(1, tokens, n, 1).contiguous(),
                   comb_res_mix.reshape(1, tokens, n, n).contiguous())

@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vmi_core.checks import check_int, check_tensor
+from vmi_core.checks import check_float, check_int, check_tensor
 
 from .autograd import (
+    check_norm_fn_options,
     expand_to_mhc,
     mhc_head_compute_mix,
     mhc_pre_apply_mix,
@@ -29,6 +30,7 @@ from .inputs import check_mhc_mult, mix_width
 from .norm_fn import mhc_fn_normw_merge_fwd
 from .pre_big_fuse import mhc_pre_big_fuse_fwd
 from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_fwd
+from .sinkhorn_parallel import MAX_BACKWARD_REPEAT
 
 
 def expand_from_embedding(x: torch.Tensor, mhc_mult: int = 4, *, target: str | None = None,
@@ -67,6 +69,16 @@ def _check_pre_inputs(residual, fn, scale, base, norm_weight, mhc_mult: int, fn_
     check_tensor(base, "base", dtype=torch.float32, shape=(base_size,), device=device)
     if norm_weight is not None:
         check_tensor(norm_weight, "norm_weight", dtype=torch.float32, shape=(mhc_hidden,), device=device)
+
+
+def _check_mix_options(pre_eps, post_mult_value, sinkhorn_eps, sinkhorn_repeat, records: bool) -> None:
+    """The scalar options of the split and Sinkhorn kernels, checked before the first kernel runs;
+    when autograd records, ``sinkhorn_repeat`` also fits the Sinkhorn backward (at most 16)."""
+    check_float(pre_eps, "pre_eps", finite=True)
+    check_float(post_mult_value, "post_mult_value", finite=True)
+    if check_float(sinkhorn_eps, "sinkhorn_eps", finite=True) < 0:
+        raise ValueError(f"sinkhorn_eps must be >= 0, got {sinkhorn_eps}")
+    check_int(sinkhorn_repeat, "sinkhorn_repeat", 1, MAX_BACKWARD_REPEAT if records else None)
 
 
 def _records(*tensors: torch.Tensor | None) -> bool:
@@ -109,7 +121,8 @@ def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.
             the wrong shape or device; otherwise as the two kernels' entry points.
     """
     _check_pre_inputs(residual, fn, mhc_scale, mhc_base, None, 4, mix_width(4), 3, mix_width(4), "mhc_pre_big_fuse")
-    check_int(n_splits, "n_splits", 1)
+    check_norm_fn_options(fn.shape[1], rms_eps, "rms_eps", n_splits, False)
+    _check_mix_options(mhc_pre_eps, mhc_post_mult_value, mhc_sinkhorn_eps, sinkhorn_repeat, False)
     lead = residual.shape[:-2]
     n, hidden = residual.shape[-2:]
     streams = residual.reshape(-1, n, hidden).contiguous()
@@ -149,7 +162,8 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
         post_mult_value: The post multiplier.
         pre_eps: The pre floor.
         sinkhorn_eps: The Sinkhorn epsilon.
-        sinkhorn_repeat: Sinkhorn iterations (``1 <= repeat <= 16`` for the backward).
+        sinkhorn_repeat: Sinkhorn iterations, ``>= 1``; at most 16 when autograd records (the
+            Sinkhorn backward keeps every step on chip).
         n_splits: The prenorm GEMM's split-K count (``n·H / n_splits`` a multiple of 64).
         target: As ``expand_to_mhc``; passed to every kernel.
         flavor: As ``expand_to_mhc``; passed to every kernel.
@@ -161,12 +175,16 @@ def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base:
         TypeError: A tensor argument is not a tensor or has the wrong dtype; ``mhc_mult`` is not an
             int.
         ValueError: ``mhc_mult`` is not 4; ``residual`` is not ``(..., n, H)``; ``fn``, ``scale``,
-            ``base`` or ``norm_weight`` has the wrong shape or device; otherwise as the kernels'
-            entry points.
+            ``base`` or ``norm_weight`` has the wrong shape or device; a scalar option is out of
+            range (``n_splits``, the epsilons, ``sinkhorn_repeat``; checked before any kernel);
+            otherwise as the kernels' entry points.
     """
     _check_pre_inputs(residual, fn, scale, base, norm_weight, mhc_mult, mix_width(mhc_mult), 3, mix_width(mhc_mult),
                       "mhc_pre")
-    if not _records(residual, fn, scale, base, norm_weight):
+    records = _records(residual, fn, scale, base, norm_weight)
+    check_norm_fn_options(fn.shape[1], norm_eps, "norm_eps", n_splits, records)
+    _check_mix_options(pre_eps, post_mult_value, sinkhorn_eps, sinkhorn_repeat, records)
+    if not records:
         if norm_weight is not None:
             fn = mhc_fn_normw_merge_fwd(fn, norm_weight, None, target=target, flavor=flavor)
         post_mix, comb_mix, layer_input = mhc_pre_big_fuse(
@@ -220,6 +238,9 @@ def mhc_head(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     mix = mix_width(mhc_mult)
     rows = mix if isinstance(fn, torch.Tensor) and fn.dim() == 2 and fn.shape[0] == mix else mhc_mult
     _check_pre_inputs(residual, fn, scale, base, norm_weight, mhc_mult, rows, 1, mhc_mult, "mhc_head")
+    check_norm_fn_options(fn.shape[1], norm_eps, "norm_eps", n_splits,
+                          _records(residual, fn, scale, base, norm_weight))
+    check_float(pre_eps, "pre_eps", finite=True)
     if rows < mix:
         fn = F.pad(fn, (0, 0, 0, mix - rows))
     mixes = mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps, n_splits=n_splits, target=target, flavor=flavor)

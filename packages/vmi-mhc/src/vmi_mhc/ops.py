@@ -4,7 +4,8 @@ Each entry is built from the op's declaration (``kernel_op_entry``). Token-major
 ``(tokens, hidden)`` for the residual ops (``expand``, ``pre_apply_mix``; the stream count is an
 option, 4 by default) and the ``norm_fn`` stages (``K = 4 · hidden``, ``n3 = 24`` mix entries; the
 merge stages use the hidden size only: ``fn`` is ``(24, K)``), ``(tokens,)`` for the mix ops
-(``pre_split_mixes``, ``sinkhorn``). Every entry is checked bit for bit: kernel and reference share
+(``head_compute_mix``, whose stream count is an option, 4 by default; ``pre_split_mixes``,
+``sinkhorn``). Every entry is checked bit for bit: kernel and reference share
 the flavor's fp32 chain.
 ``(tokens, hidden)`` for the residual ops (as ``(B, S) = (tokens, 1)``), ``(tokens,)`` for the mix
 ops; the stream count is 4.
@@ -20,6 +21,8 @@ from vmi_core.testing import compare_named, generator, randn
 
 from .expand import EXPAND_TO_MHC_BWD, EXPAND_TO_MHC_FWD
 from .expand_parallel import ExpandSpec, expand_bwd_source, expand_fwd_source
+from .head_compute_mix import MHC_HEAD_COMPUTE_MIX_BWD, MHC_HEAD_COMPUTE_MIX_FWD
+from .head_compute_mix_parallel import HeadComputeMixSpec, head_compute_mix_bwd_source, head_compute_mix_fwd_source
 from .inputs import MAX_STREAMS, MHC_MULT, mix_width
 from .norm_fn import (
     MHC_FN_NORMW_MERGE_BWD,
@@ -368,6 +371,39 @@ def _post_bwd_source(options, target, flavor):
     return post_bwd_source(PostBackwardSpec(MHC_MULT, _SOURCE_HIDDEN), target)
 
 
+# --- head_compute_mix (shape: tokens) ---
+
+HEAD_OPTIONS = (Option("mhc_mult", MHC_MULT, tuple(range(1, MAX_STREAMS + 1)), "residual streams n"),)
+HEAD_BWD_OPTIONS = (*HEAD_OPTIONS,
+                    Option("num_sms", 64, help="partial rows P of the parameter gradients (Ascend 950: 64 vector "
+                                               "cores)"))
+_HEAD_TARGETS = {
+    "cpu": "runs; bit-exact against the reference in both flavors",
+    "ascend": "lowers to AscendC (SIMD vector regions; SIMT for the backward's final stores); runs on "
+              "ascend-sim, not yet on an NPU",
+    "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference (ascend flavor)",
+    "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
+}
+
+
+def _head_inputs(shape, options, seed):
+    # TileKernels' test data: normal input, gain, biases and output gradient.
+    g = generator(seed)
+    num_tokens, n = shape[0], options["mhc_mult"]
+    return {"input_mix": torch.randn(num_tokens, n, generator=g), "mhc_scale": torch.randn(1, generator=g),
+            "mhc_base": torch.randn(n, generator=g), "output_mix_grad": torch.randn(num_tokens, n, generator=g)}
+
+
+def _head_fwd_inputs(shape, options, seed):
+    inputs = _head_inputs(shape, options, seed)
+    del inputs["output_mix_grad"]
+    return inputs
+
+
+def _head_spec(options, target, flavor):
+    return HeadComputeMixSpec(options["mhc_mult"], _flavor_of(target, flavor))
+
+
 OPS = [
     kernel_op_entry(
         MHC_PRE_SPLIT_MIXES_FWD,
@@ -515,6 +551,32 @@ OPS = [
         targets=_STREAM_TARGETS,
         make_inputs=_expand_bwd_inputs,
         source=lambda options, target, flavor: expand_bwd_source(ExpandSpec(options["mhc_mult"]), target),
+    ),
+    kernel_op_entry(
+        MHC_HEAD_COMPUTE_MIX_FWD,
+        arguments=lambda inputs, options, flavor: {"mhc_pre_eps": _PRE_EPS},
+        family="mhc",
+        summary="LM-head pre mix: sigmoid of the n mixes with one gain, plus pre_eps",
+        default_shape=(8192,),
+        bench_shapes=_MIX_SHAPES,
+        options=HEAD_OPTIONS,
+        targets=_HEAD_TARGETS,
+        make_inputs=_head_fwd_inputs,
+        source=lambda options, target, flavor: head_compute_mix_fwd_source(_head_spec(options, target, flavor),
+                                                                           target),
+    ),
+    kernel_op_entry(
+        MHC_HEAD_COMPUTE_MIX_BWD,
+        family="mhc",
+        summary="gradient of head_compute_mix w.r.t. the mixes, and P partial rows of the gain's and biases' "
+                "(fixed-order sums)",
+        default_shape=(8192,),
+        bench_shapes=_MIX_SHAPES,
+        options=HEAD_BWD_OPTIONS,
+        targets=_HEAD_TARGETS,
+        make_inputs=_head_inputs,
+        source=lambda options, target, flavor: head_compute_mix_bwd_source(_head_spec(options, target, flavor),
+                                                                           target),
     ),
     kernel_op_entry(
         MHC_PRE_APPLY_MIX_FWD,

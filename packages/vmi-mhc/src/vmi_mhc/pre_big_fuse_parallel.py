@@ -80,7 +80,7 @@ def _zero(at):
     return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
 
 
-def _bias(biases, bias_register, i: int, at):
+def _bias(biases, bias_register, i, at):
     """Bias ``i`` in every lane of ``at``: a register gather from the on-chip table in vector code."""
     if at.vector:
         return gather(bias_register, bitcast(Vec.splat(i, "int32"), "uint32"))
@@ -111,14 +111,15 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
         r = keep(rms_scale(row_value(sq, at), spec.group_size, spec.rms_eps, spec.flavor))
         bias_register = keep(load(biases[0])) if at.vector else None
 
-        def z(i: int):
-            return logit(keep(at.load(acc, i) * r), gains[min(2, i // N)], _bias(biases, bias_register, i, at))
+        def z(i, gain: int):
+            return logit(keep(at.load(acc, i) * r), gains[gain], _bias(biases, bias_register, i, at))
 
-        for m in range(N):
-            at.store(pre, m, pre_mix(z(m), pre_eps, spec.flush_division, sh.in_simd))
-        for m in range(N):
-            at.store(post, m, post_mix(z(N + m), post_mult, spec.flush_division, sh.in_simd))
-        projected = sinkhorn([z(2 * N + e) for e in range(ENTRIES)], repeat, sinkhorn_eps, spec.flavor)
+        # Loops rather than unrolled entries, as the split kernel has them: one sigmoid in the code each.
+        with T.serial(N) as m:
+            at.store(pre, m, pre_mix(z(m, 0), pre_eps, spec.flush_division, sh.in_simd))
+        with T.serial(N) as m:
+            at.store(post, m, post_mix(z(N + m, 1), post_mult, spec.flush_division, sh.in_simd))
+        projected = sinkhorn([z(2 * N + e, 2) for e in range(ENTRIES)], repeat, sinkhorn_eps, spec.flavor)
         for e, v in enumerate(projected):
             at.store(comb, e, v)
 

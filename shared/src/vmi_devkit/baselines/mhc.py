@@ -47,6 +47,35 @@ def mhc_pre_split_mixes_bwd_baseline(op, options):
                     same_bits=False, chunks=False)
 
 
+# --- head_compute_mix ---
+
+def mhc_head_compute_mix_fwd_baseline(op, options):
+    def run(inputs, flavor, rows):
+        x, scale, base = inputs["input_mix"], inputs["mhc_scale"], inputs["mhc_base"]
+        return in_row_chunks(lambda a, b: (torch.sigmoid(x[a:b] * scale + base) + PRE_EPS,), x.shape[0], rows)
+    return Baseline(run, "torch ops in fp32: sigmoid(x * scale + base) + eps", same_bits=False)
+
+
+def mhc_head_compute_mix_bwd_baseline(op, options):
+    num_rows = options["num_sms"]
+
+    def run(inputs, flavor, rows):
+        x, scale = inputs["input_mix"], inputs["mhc_scale"]
+        num_tokens, n = x.shape
+        s = torch.sigmoid(x * scale + inputs["mhc_base"])
+        gz = inputs["output_mix_grad"] * s * (1 - s)
+        # The partial rows' token ranges (64-token tiles, consecutive tiles per row), zero-padded.
+        num_tiles = -(-num_tokens // 64)
+        span = 64 * max(1, -(-num_tiles // num_rows))
+        padded = torch.zeros(num_rows * span, n + 1, device=x.device)
+        padded[:num_tokens, :n] = gz
+        padded[:num_tokens, n] = (gz * x).sum(1)
+        sums = padded.view(num_rows, span, n + 1).sum(1)
+        return gz * scale, sums[:, n:].contiguous(), sums[:, :n].contiguous()
+    return Baseline(run, "torch ops in fp32: sigmoid recomputed, gz * scale, gz and (gz * x) summed per row's tokens",
+                    same_bits=False, chunks=False)
+
+
 # --- norm_fn ---
 
 def fn_normw_merge_fwd_baseline(op, options):
@@ -229,6 +258,8 @@ def mhc_post_bwd_baseline(op, options):
 
 
 BASELINES = {
+    "mhc_head_compute_mix_fwd": mhc_head_compute_mix_fwd_baseline,
+    "mhc_head_compute_mix_bwd": mhc_head_compute_mix_bwd_baseline,
     "mhc_pre_split_mixes_fwd": mhc_pre_split_mixes_fwd_baseline,
     "mhc_pre_split_mixes_bwd": mhc_pre_split_mixes_bwd_baseline,
     "mhc_fn_normw_merge_fwd": fn_normw_merge_fwd_baseline,

@@ -1,9 +1,12 @@
 """The mHC layer in float64, differentiable with torch's autograd: the oracle of the autograd layer.
 
-Each function is the exact formula of its op (spec §1.2, §3.x.2) on the inputs' values, with no
-rounding: no bf16 stores, no TF32 operands, correctly rounded float64 arithmetic throughout.
-``torch.autograd`` through these gives the exact gradients that ``vmi_mhc.autograd`` approximates.
-Arbitrary leading dims, as the autograd layer takes them.
+Each function is the exact formula of its op (spec §1.2, §3.x.2) on the inputs' values in float64:
+no TF32 operands, no fp32 steps. The ops whose outputs are bf16 (``mhc_pre_apply_mix``,
+``mhc_post``) round their result to bf16 as the op specifies, straight-through: the forward value is
+the rounded one and the derivative is that of the exact formula, as the backward kernels compute
+it. ``torch.autograd`` through these gives the gradients that ``vmi_mhc.autograd`` approximates (its
+remaining differences: fp32 arithmetic, TF32 operands, bf16 gradient stores). Arbitrary leading
+dims, as the autograd layer takes them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,11 @@ from .sinkhorn import sinkhorn_forward_float64
 def _f32(value: float) -> float:
     """A scalar option as the kernels take it (rounded to fp32 once)."""
     return float(torch.tensor(value, dtype=torch.float32))
+
+
+def bf16_store(t: torch.Tensor) -> torch.Tensor:
+    """``t`` rounded to bf16 (nearest even) in value, with the derivative of the identity."""
+    return t + (t.to(torch.bfloat16).double() - t).detach()
 
 
 def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int) -> torch.Tensor:
@@ -49,18 +57,19 @@ def sinkhorn_normalize(x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor
 
 
 def mhc_pre_apply_mix(x: torch.Tensor, mix: torch.Tensor) -> torch.Tensor:
-    """``Σ_m mix[..., m] · x[..., m, :]``."""
-    return (mix.double() * x.double()).sum(-2)
+    """``bf16(Σ_m mix[..., m] · x[..., m, :])``."""
+    return bf16_store((mix.double() * x.double()).sum(-2))
 
 
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
              comb_res_mix: torch.Tensor) -> torch.Tensor:
-    return post_fwd_exact(x, residual, post_layer_mix, comb_res_mix)
+    return bf16_store(post_fwd_exact(x, residual, post_layer_mix, comb_res_mix))
 
 
 def mhc_head_compute_mix(input_mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
                          pre_eps: float) -> torch.Tensor:
-    return torch.sigmoid(input_mix.double() * scale.double().reshape(()) + base.double()) + _f32(pre_eps)
+    """``σ(input_mix · scale + base) + pre_eps``, ``scale`` of shape ``(1,)``."""
+    return torch.sigmoid(input_mix.double() * scale.double() + base.double()) + _f32(pre_eps)
 
 
 def mhc_pre(residual, fn, scale, base, *, norm_weight=None, norm_eps=1e-6, mhc_mult=4, post_mult_value=1.0,
@@ -73,7 +82,7 @@ def mhc_pre(residual, fn, scale, base, *, norm_weight=None, norm_eps=1e-6, mhc_m
 
 
 def mhc_head(residual, fn, scale, base, *, norm_weight=None, norm_eps=1e-6, mhc_mult=4, pre_eps=1e-6):
-    """The LM head's input; ``fn`` has ``n`` rows (the zero padding of the kernels changes nothing)."""
+    """The LM head's input; ``fn`` has ``n`` rows (the kernels' zero padding changes nothing)."""
     mixes = mhc_pre_norm_fn(residual, fn, norm_weight, _f32(norm_eps))
     mix = mhc_head_compute_mix(mixes, scale, base, pre_eps)
     return mhc_pre_apply_mix(residual, mix.unsqueeze(-1))

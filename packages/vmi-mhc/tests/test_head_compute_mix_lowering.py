@@ -1,0 +1,80 @@
+"""head_compute_mix's two kernels lower for ascend and cuda.
+
+Ascend: persistent work over the 64 cores (``block_idx``, a wave loop). The forward loads the
+biases once per core and each token tile's input by DMA, computes the mix in one SIMD region of
+real vector code (the sigmoid's exp and division as vector instructions) and stores it by DMA. The
+backward loads the biases once per core, then per token tile the input and the output gradient,
+stores the input gradient by DMA, and computes in SIMD regions: the accumulators' zeroing per
+partial row, the tile's gradients and accumulation, and the lane-order fold of the accumulators;
+only the final single-element stores of the two partial rows run in a SIMT region. No scalar UB
+access in a SIMD region, no barrier inside a thread-guarded branch, and the UB fits. CUDA: the
+sources compile with nvcc for an explicit arch.
+
+The default specs are the ones test_head_compute_mix runs on ascend-sim (their lowering is shared).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vmi_core.ascend_sim import UB_BYTES
+from vmi_core.compile import lower_ascend
+from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_mhc.head_compute_mix_parallel import (
+    KERNEL_CONFIG,
+    HeadComputeMixSpec,
+    build_head_compute_mix_bwd,
+    build_head_compute_mix_fwd,
+    head_compute_mix_bwd_source,
+    head_compute_mix_fwd_source,
+)
+
+ASCEND = HeadComputeMixSpec(4, "ascend")
+CUDA = HeadComputeMixSpec(4, "cuda")
+
+
+def check_forward(spec):
+    src = head_compute_mix_fwd_source(spec, "ascend")
+    assert "__global__ __vector__ void head_compute_mix_fwd_kernel" in src
+    assert "block_idx" in src
+    regions = assert_vector_regions(src, simd=1, simt=0)
+    assert all(region.scalar_accesses == 0 for region in regions)
+    # In: the biases, the input. Out: the mix.
+    assert dma_counts(src) == (2, 1)
+    assert "vexp" in src and "vdiv" in src
+    assert lower_ascend(build_head_compute_mix_fwd(spec, "ascend"), "ascend", **KERNEL_CONFIG).ub_bytes <= UB_BYTES
+
+
+def check_backward(spec):
+    src = head_compute_mix_bwd_source(spec, "ascend")
+    assert "__global__ __vector__ void head_compute_mix_bwd_kernel" in src
+    assert "block_idx" in src
+    regions = assert_vector_regions(src, simd=3, simt=1)
+    assert all(region.scalar_accesses == 0 for region in regions if region.kind == "simd")
+    assert barriers_in_thread_guards(src) == 0
+    # In: the biases, the input, the output gradient. Out: the input gradient.
+    assert dma_counts(src) == (3, 1)
+    assert "vexp" in src and "vdiv" in src
+    assert lower_ascend(build_head_compute_mix_bwd(spec, "ascend"), "ascend", **KERNEL_CONFIG).ub_bytes <= UB_BYTES
+
+
+def test_ascend_kernels():
+    check_forward(ASCEND)
+    check_backward(ASCEND)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", (1, 16))
+def test_ascend_kernels_other_stream_counts(n):
+    check_forward(HeadComputeMixSpec(n, "ascend"))
+    check_backward(HeadComputeMixSpec(n, "ascend"))
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_compile
+def test_cuda_kernels_compile():
+    for src, name in ((head_compute_mix_fwd_source(CUDA, "cuda"), "head_compute_mix_fwd_kernel"),
+                      (head_compute_mix_bwd_source(CUDA, "cuda"), "head_compute_mix_bwd_kernel")):
+        assert "__global__ void" in src and name in src
+        nvcc_compile_or_skip(src)

@@ -1,0 +1,48 @@
+"""pre_big_fuse's kernel lowers for ascend and cuda.
+
+Ascend: persistent token blocks over the cores (``block_idx``, a wave loop over the blocks). DMA in:
+the biases (once per core), the partial products and square sums (per split), the residual slices
+(per token and hidden tile); DMA out: the post and comb mixes (per block) and the layer-input slices
+— the pre mix is never stored. Every phase is a SIMD region of real vector code: zeroing the
+accumulators, adding a split, the mixes (RMS scale, split, sigmoid, Sinkhorn: exp and division as
+vector instructions, the token columns gathered and scattered in UB), the stream mix; no SIMT
+region, no scalar UB access, no barrier inside a thread-guarded branch; the tiles fit the unified
+buffer. CUDA: the source compiles with nvcc for an explicit arch.
+
+The default spec is the one test_pre_big_fuse runs on ascend-sim (their lowering is shared).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from vmi_core.ascend_sim import UB_BYTES
+from vmi_core.compile import lower_ascend
+from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_mhc.pre_big_fuse_parallel import KERNEL_CONFIG, PreBigFuseSpec, build_pre_big_fuse, pre_big_fuse_source
+
+ASCEND = PreBigFuseSpec(4 * 1280, 1e-6, "ascend")
+CUDA = PreBigFuseSpec(4 * 1280, 1e-6, "cuda")
+
+
+def test_ascend_kernel():
+    src = pre_big_fuse_source(ASCEND, "ascend")
+    assert "__global__ __vector__ void pre_big_fuse_fwd_kernel" in src
+    assert "block_idx" in src
+    regions = assert_vector_regions(src, simd=4, simt=0)
+    assert all(region.scalar_accesses == 0 for region in regions)
+    assert barriers_in_thread_guards(src) == 0
+    # In: biases, partial products, partial square sums, residual. Out: post, comb, layer input.
+    assert dma_counts(src) == (4, 3)
+    assert "vexp" in src and "vdiv" in src and "vgather2" in src and "vscatter" in src
+    lowering = lower_ascend(build_pre_big_fuse(ASCEND, "ascend"), "ascend", **KERNEL_CONFIG)
+    assert lowering.ub_bytes <= UB_BYTES
+
+
+@pytest.mark.slow
+@pytest.mark.cuda_compile
+def test_cuda_kernel_compiles():
+    src = pre_big_fuse_source(CUDA, "cuda")
+    assert "__global__ void" in src and "pre_big_fuse_fwd_kernel" in src
+    nvcc_compile_or_skip(src)
