@@ -100,9 +100,11 @@ def test_expert_parallel_forward_equals_the_single_process_block():
     assert_bitwise_equal(result["expert_parallel"], result["single"], "head")
 
 
-def test_demo_prints_the_stage_table_and_errors(capsys):
+def test_demo_prints_the_stage_table_and_errors(capsys, monkeypatch):
+    from vmi_core.cpu_parallel import THREADS_ENV
     from vmi_devkit.demo import main
 
+    monkeypatch.setenv(THREADS_ENV, "1")  # restored afterwards: the demo sets it for its process
     assert main(["--repeat", "1"]) == 0
     out = capsys.readouterr().out
     for stage in ("expand_to_mhc", "mhc_pre", "RMSNorm + E4M3 cast", "moe_topk_gate", "SwiGLU + E4M3 cast",
