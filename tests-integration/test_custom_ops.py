@@ -170,6 +170,11 @@ VARIANTS = {
     "mhc_sinkhorn_fwd-out": lambda: vmi_mhc.mhc_sinkhorn_fwd(COMB, torch.empty_like(COMB), 3, 1e-2),
     "mhc_sinkhorn_bwd-out": lambda: vmi_mhc.mhc_sinkhorn_bwd(COMB.flip(0), COMB, torch.empty_like(COMB), 3, 1e-2),
     "mhc_pre_norm_fn_gemm-out": _prenorm_gemm_into_given_outputs,
+    # Preallocated outputs (the .out overload) and 3 splits, at the registry sample's hidden size.
+    "mhc_pre_big_fuse_fwd-out": lambda: vmi_mhc.mhc_pre_big_fuse_fwd(
+        randn((3, 12, 24), 4), torch.rand(3, 12) + 0.5, MIX_SCALE, MIX_BASE, X.view(12, 4, 64).repeat(1, 1, 4),
+        torch.empty(12, 4), torch.empty(12, 16), torch.empty(12, 256, dtype=torch.bfloat16), 1e-6, 1e-2, 1e-6, 2.0,
+        3, 3),
     # The preallocated outputs of the kernel-level mHC API (the .out overloads), two streams, a hidden
     # size with a register tail, and mix as (T, n, 1).
     "expand_to_mhc_fwd-out": lambda: vmi_mhc.expand_to_mhc_fwd(

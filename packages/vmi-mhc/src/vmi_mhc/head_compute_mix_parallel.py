@@ -18,7 +18,8 @@ with ``s`` recomputed, zero in the lanes past the last token; ``input_mix_grad =
 within the tile) and each token's ``Σ_j fl(gz · x)`` (streams in increasing order) into row ``n``.
 After the row's last tile, ``Shell.row_sum`` folds each accumulator row in vmi's lane order, which
 makes the row's sums ``vmi_core.sums.lane_sum`` of its tokens' terms, and the ``n + 1`` sums are
-written to row ``p`` of the two partial buffers (+0.0 for a row without tokens).
+written to row ``p`` of the two partial buffers (a row without tokens skips the fold and writes
++0.0).
 
 Every product and sum is one rounded fp32 operation (no FMA); the partial rows depend on the
 inputs and ``P`` only: every target, worker count and thread count gives the reference's bits.
@@ -189,6 +190,7 @@ def build_head_compute_mix_bwd(spec: HeadComputeMixSpec, target: str):
                 num_tiles = T.max(0, T.min(tiles_per_row, T.ceildiv(M, BT) - tile0))
                 with sh.vector(SIMD):
                     sh.elementwise((N + 1, BT), _zero, acc)
+                    sh.elementwise((LANES,), _zero, sums)
                 for k in T.serial(num_tiles):
                     token0 = T.alloc_var("int32")
                     num_valid = T.alloc_var("int32")
@@ -202,8 +204,11 @@ def build_head_compute_mix_bwd(spec: HeadComputeMixSpec, target: str):
                     with sh.vector(SIMD):
                         backward_tile(x, d_out, biases, dx, acc, gain, num_valid)
                     sh.copy(dx, DX[token0, 0])
-                with sh.vector(SIMD):
-                    sh.row_sum(sums, (N + 1, BT), lambda at: at.load(acc))
+                # A row without tiles writes its zeroed sums: no fold, so on CUDA no shared tile of a
+                # previous row's fold is rewritten on a path without a tile's barriers.
+                if num_tiles > 0:
+                    with sh.vector(SIMD):
+                        sh.row_sum(sums, (N + 1, BT), lambda at: at.load(acc))
                 # Single elements of the two partial rows: scalar stores from SIMT lanes.
                 with sh.vector(SIMT):
                     for j in T.Parallel(LANES):

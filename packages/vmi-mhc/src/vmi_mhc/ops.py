@@ -47,6 +47,8 @@ from .pre_apply_mix_parallel import (
     pre_apply_mix_bwd_source,
     pre_apply_mix_fwd_source,
 )
+from .pre_big_fuse import MHC_PRE_BIG_FUSE_FWD
+from .pre_big_fuse_parallel import PreBigFuseSpec, pre_big_fuse_source
 from .pre_norm_fn_gemm import MHC_PRE_NORM_FN_GEMM_BWD, MHC_PRE_NORM_FN_GEMM_FWD
 from .pre_norm_fn_gemm_parallel import GemmSpec, gemm_bwd_source, gemm_fwd_source
 from .pre_split_mixes import MHC_PRE_SPLIT_MIXES_BWD, MHC_PRE_SPLIT_MIXES_FWD
@@ -286,6 +288,39 @@ def _gemm_check(exact_names, summed):
     return check
 
 
+# --- pre_big_fuse (shape: tokens, hidden H) ---
+
+_BIG_FUSE_TARGETS = {
+    "cpu": "runs; bit-exact against the reference (= the unfused chain) in both flavors",
+    "ascend": "lowers to AscendC (SIMD vector regions); runs on ascend-sim, not yet on an NPU",
+    "ascend-sim": "runs the ascend source on the CPU model; bit-exact against the reference (ascend flavor)",
+    "cuda": "lowers and compiles with nvcc (sm_90a); not run without a GPU",
+}
+_BIG_FUSE_OPTIONS = (Option("n_splits", 16, tuple(range(1, 65)),
+                            "split-K partials (TileKernels: 16 on CUDA, 1 on Ascend)"),)
+# TileKernels' benchmark sizes, and a decode-size batch.
+_BIG_FUSE_SHAPES = ((8192, 4096), (8192, 7168), (512, 4096), (16, 4096))
+
+
+def _big_fuse_inputs(shape, options, seed):
+    partials, sqrsums = _partials(shape, options["n_splits"], seed)
+    g = generator(seed + 1)
+    return {"gemm_out_mul": partials[:, :, 0], "gemm_out_sqrsum": sqrsums[:, :, 0],
+            "mhc_scale": torch.randn(3, generator=g) * 0.1, "mhc_base": torch.randn(_MIX, generator=g) * 0.1,
+            "residual": _streams(shape, MHC_MULT, seed + 2)}
+
+
+def _big_fuse_arguments(inputs, options, flavor):
+    # TileKernels' test values (v1 test_pre_big_fuse; the post multiplier of the split tests).
+    return {"rms_eps": NORM_EPS, "mhc_pre_eps": 1e-6, "mhc_sinkhorn_eps": 1e-6, "mhc_post_mult_value": _POST_MULT,
+            "sinkhorn_repeat": 10}
+
+
+def _big_fuse_source(options, target, flavor):
+    return pre_big_fuse_source(PreBigFuseSpec(MHC_MULT * _SOURCE_HIDDEN, NORM_EPS, _flavor_of(target, flavor)),
+                               target)
+
+
 # --- expand, pre_apply_mix (shape: tokens, hidden H) ---
 
 _STREAM_TARGETS = {
@@ -499,6 +534,19 @@ OPS = [
         targets=_SINKHORN_TARGETS,
         make_inputs=_sinkhorn_backward_inputs,
         source=_sinkhorn_backward_source,
+    ),
+    kernel_op_entry(
+        MHC_PRE_BIG_FUSE_FWD,
+        arguments=_big_fuse_arguments,
+        family="mhc",
+        summary="inference pre in one kernel: reduce + RMS, split, Sinkhorn, pre mix applied (the pre mix "
+                "stays on chip; bit-exact to the unfused chain)",
+        default_shape=(4096, 4096),
+        bench_shapes=_BIG_FUSE_SHAPES,
+        options=_BIG_FUSE_OPTIONS,
+        targets=_BIG_FUSE_TARGETS,
+        make_inputs=_big_fuse_inputs,
+        source=_big_fuse_source,
     ),
     kernel_op_entry(
         MHC_PRE_NORM_FN_GEMM_FWD,

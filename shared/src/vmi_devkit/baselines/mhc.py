@@ -178,6 +178,29 @@ def pre_norm_fn_gemm_bwd_baseline(op, options):
                     same_bits=False, chunks=False)
 
 
+# --- pre_big_fuse (vmi_mhc.ops runs it with TileKernels' test values) ---
+
+def mhc_pre_big_fuse_fwd_baseline(op, options):
+    eps, repeat = 1e-6, 10
+
+    def one(partials, sqrsums, gains, base, residual):
+        group_size = N * residual.shape[-1]
+        mixes = partials.sum(0) * torch.rsqrt(sqrsums.sum(0) / group_size + NORM_EPS).unsqueeze(-1)
+        z = mixes * gains + base
+        pre = torch.sigmoid(z[:, :N]) + eps
+        comb = _sinkhorn_steps(z[:, 2 * N:].view(-1, N, N), repeat, eps)[0]
+        layer_input = torch.matmul(pre.unsqueeze(1), residual.float()).squeeze(1).to(torch.bfloat16)
+        return torch.sigmoid(z[:, N:2 * N]) * POST_MULT, comb.view(-1, N * N), layer_input
+
+    def run(inputs, flavor, rows):
+        partials, sqrsums, residual = inputs["gemm_out_mul"], inputs["gemm_out_sqrsum"], inputs["residual"]
+        gains, base = _gains(inputs["mhc_scale"]), inputs["mhc_base"]
+        return in_row_chunks(lambda a, b: one(partials[:, a:b], sqrsums[:, a:b], gains, base, residual[a:b]),
+                             residual.shape[0], rows)
+    return Baseline(run, "the unfused chain in torch ops (fp32): partial sums and rsqrt, sigmoid, Sinkhorn with "
+                         "softmax and sums, matmul(pre, residual)", same_bits=False)
+
+
 # --- expand ---
 
 def expand_fwd_baseline(op, options):
@@ -268,6 +291,7 @@ BASELINES = {
     "mhc_reduce_partials_and_rmsnorm_bwd": reduce_partials_and_rmsnorm_bwd_baseline,
     "mhc_sinkhorn_fwd": mhc_sinkhorn_fwd_baseline,
     "mhc_sinkhorn_bwd": mhc_sinkhorn_bwd_baseline,
+    "mhc_pre_big_fuse_fwd": mhc_pre_big_fuse_fwd_baseline,
     "mhc_pre_norm_fn_gemm_fwd": pre_norm_fn_gemm_fwd_baseline,
     "mhc_pre_norm_fn_gemm_bwd": pre_norm_fn_gemm_bwd_baseline,
     "expand_to_mhc_fwd": expand_fwd_baseline,
