@@ -28,8 +28,8 @@ TEST_DIRS = {
     "quant": "packages/vmi-quant/tests",
     "mhc": "packages/vmi-mhc/tests",
     "moe": "packages/vmi-moe/tests",
-    "integration": "tests-integration",
 }
+INTEGRATION_DIR = "tests-integration"
 WORKERS = "2"
 
 nox.options.default_venv_backend = "none"
@@ -51,6 +51,13 @@ def _family_session(name: str, test_dir: str) -> None:
 
 for _name, _dir in TEST_DIRS.items():
     _family_session(_name, _dir)
+
+
+@nox.session(venv_backend="none")
+def integration(session: nox.Session) -> None:
+    """Cross-package tests (not slow), plus the DeepSeek-V4-style block and its 2-rank expert-parallel
+    variant (marker ``block``: slow for the default run, which they would take past its budget)."""
+    _pytest(session, "-m", "not slow or block", INTEGRATION_DIR)
 
 
 @nox.session(venv_backend="none")

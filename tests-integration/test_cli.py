@@ -151,3 +151,37 @@ def test_a_target_with_its_own_flavor_is_checked_against_that_flavor(capsys):
                  "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "target=ascend-sim flavor=ascend" in out and "matches the reference bit for bit" in out
+
+
+def test_demo_finds_demos_through_their_entry_point_group(monkeypatch, capsys):
+    """``vmi demo [NAME] [options]``: the demo's own options reach it; vmi-core imports no demo."""
+    from importlib.metadata import EntryPoint
+
+    from vmi_core import cli
+
+    calls = []
+    module = type(sys)("vmi_fake_demo")
+    module.main = lambda argv: calls.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "vmi_fake_demo", module)
+    block = EntryPoint("block", "vmi_fake_demo:main", cli.DEMO_GROUP)
+    monkeypatch.setattr(cli, "entry_points", lambda group: [block] if group == cli.DEMO_GROUP else [])
+    assert cli.main(["demo", "--ep", "2"]) == 0
+    assert cli.main(["demo", "block", "--seed", "3"]) == 0
+    assert calls == [["--ep", "2"], ["--seed", "3"]]
+    assert cli.main(["demo", "other"]) == 2
+    assert "no demo named 'other'; installed: block" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["list", "--ep", "2"])
+    assert "unrecognized arguments: --ep 2" in capsys.readouterr().err
+
+
+def test_devkit_declares_the_block_demo():
+    """The development kit's ``vmi.demos`` entry point names a callable (installed by scripts/setup)."""
+    from importlib import import_module
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    with open(Path(__file__).resolve().parents[1] / "shared" / "pyproject.toml", "rb") as f:
+        demos = tomllib.load(f)["project"]["entry-points"]["vmi.demos"]
+    module, name = demos["block"].split(":")
+    assert callable(getattr(import_module(module), name))

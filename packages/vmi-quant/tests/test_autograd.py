@@ -137,6 +137,28 @@ def test_rmsnorm_function_runs_the_backward_kernel():
     assert_bitwise_equal(weight.grad, want_w, "weight.grad")
 
 
+def test_rmsnorm_function_passes_target_and_flavor_to_both_kernels(monkeypatch):
+    import vmi_quant.autograd as autograd
+
+    x, weight, _ = _norm_leaves(torch.bfloat16, 50, with_residual=False)
+    with pytest.raises(ValueError, match="target"):
+        RMSNormFunction.apply(x, weight, None, EPS, 1.0, None, "npu", None)
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["target"], kwargs["flavor"]))
+        return norm_backward(*args, **kwargs)
+
+    monkeypatch.setattr(autograd, "norm_backward", spy)
+    out, _, data, sf = RMSNormFunction.apply(x, weight, None, EPS, 1.0, NormCastOptions(), "torch", "cuda")
+    (want_data, want_sf), want_out, _, _ = norm_forward_and_per_token_cast(
+        x.detach(), weight.detach(), EPS, "e4m3", 32, with_out_bf16=True, target="torch", flavor="cuda")
+    assert_bitwise_equal(data, want_data, "data")
+    assert_bitwise_equal(out.detach(), want_out, "out")
+    out.sum().backward()
+    assert seen == [("torch", "cuda")]
+
+
 def test_rmsnorm_function_fp8_output_is_not_differentiable():
     x, weight, residual = _norm_leaves(torch.bfloat16, 40)
     cast = NormCastOptions(round_sf=True, use_packed_ue8m0=True)

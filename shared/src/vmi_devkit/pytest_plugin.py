@@ -29,6 +29,8 @@ import pytest
 MARKERS = (
     "slow: exhaustive sweeps, run in CI's separate bounded step",
     "cuda_compile: compiles generated CUDA source with nvcc",
+    "block: the DeepSeek-V4-style block across the families and its expert-parallel variant (nox -s integration; "
+    "also marked slow, out of the default run)",
     "properties: hypothesis property tests (default budget in the normal run; the slow twins run under "
     "nox -s slow, CI's share leaves them out)",
 )

@@ -8,6 +8,7 @@
     vmi precompile [--family F] [--target T ...] [--ops OP ...] [--from-config FILE] [-j N]
     vmi cache info
     vmi cache clear [--op OP ...] [--target T ...] [--stale] [--yes]
+    vmi demo [NAME] [the demo's options]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import torch
@@ -321,6 +323,23 @@ def cmd_cache(ops, args) -> int:
     return 0
 
 
+# `vmi demo` runs the callables of this entry-point group (``main(argv) -> exit status``), declared by
+# the packages that ship demos (the development kit's block); vmi-core itself imports none of them.
+DEMO_GROUP = "vmi.demos"
+DEFAULT_DEMO = "block"
+NO_DEMO = "none (the demos come with the vmi repository's development kit, shared/)"
+
+
+def cmd_demo(ops, args) -> int:
+    demos = {ep.name: ep for ep in entry_points(group=DEMO_GROUP)}
+    argv = list(args.demo_argv)
+    name = argv.pop(0) if argv and not argv[0].startswith("-") else DEFAULT_DEMO
+    if name not in demos:
+        installed = ", ".join(sorted(demos)) or NO_DEMO
+        raise UserError(f"no demo named {name!r}; installed: {installed}")
+    return demos[name].load()(argv)
+
+
 def cmd_source(ops, args) -> int:
     op = _op(ops, args.op)
     options = op.parse_options(args.opt)
@@ -378,7 +397,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vmi", description="vmi kernel library: list, run, bench, source, precompile, cache")
+    parser = _Parser(prog="vmi", description="vmi kernel library: list, run, bench, source, precompile, cache, demo")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="ops and their status per target")
 
@@ -434,18 +453,26 @@ def build_parser() -> argparse.ArgumentParser:
     clear.add_argument("--stale", action="store_true",
                        help="only the directories of other vmi versions or toolchains")
     clear.add_argument("--yes", action="store_true", help="remove without asking")
+    sub.add_parser("demo", help="run an installed demo: vmi demo [NAME] [its options] (default: the block; "
+                                "vmi demo NAME --help lists the options)", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    # A demo parses its own options; every other command takes only its declared ones.
+    if args.command == "demo":
+        args.demo_argv = unknown
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     ops = discover()
     # Compile progress is TileLang's INFO chatter; the command prints its own results. After
     # discover(): importing the ops imports TileLang, which sets up its own logger levels.
     for name in ("tilelang", "tilelang.jit.kernel"):
         logging.getLogger(name).setLevel(logging.WARNING)
     handlers = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "source": cmd_source,
-                "precompile": cmd_precompile, "cache": cmd_cache}
+                "precompile": cmd_precompile, "cache": cmd_cache, "demo": cmd_demo}
     try:
         return handlers[args.command](ops, args)
     except (UserError, ValueError, TypeError) as error:

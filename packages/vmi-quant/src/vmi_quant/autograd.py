@@ -48,7 +48,7 @@ class NormCastOptions:
 class RMSNormFunction(torch.autograd.Function):
     """RMSNorm with the vmi kernels forward and backward.
 
-    ``RMSNormFunction.apply(x, weight, residual, eps, out_scale, cast)`` returns
+    ``RMSNormFunction.apply(x, weight, residual, eps, out_scale, cast[, target, flavor])`` returns
     ``(out, residual_out, data, sf)``:
 
     * ``out``: the normalised output, differentiable: x's dtype, or with ``cast`` its bf16 copy;
@@ -56,23 +56,25 @@ class RMSNormFunction(torch.autograd.Function):
     * ``data, sf``: with ``cast`` (a ``NormCastOptions``), the FP8 output and its scales, not
       differentiable; else None.
 
-    ``weight`` and ``residual`` may be None; ``eps``, ``out_scale`` and ``cast`` are constants.
-    The backward runs ``norm_backward`` on the saved normalised input and ``rstd``; a residual's
-    gradient is x's.
+    ``weight`` and ``residual`` may be None; ``eps``, ``out_scale`` and ``cast`` are constants, and
+    so are the optional ``target`` and ``flavor``, passed to the forward and the backward kernel as
+    the ops take them (None: the ops' defaults). The backward runs ``norm_backward`` on the saved
+    normalised input and ``rstd``; a residual's gradient is x's.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, residual, eps, out_scale, cast):
+    def forward(ctx, x, weight, residual, eps, out_scale, cast, target=None, flavor=None):
         data = sf = None
         if cast is None:
-            out, rstd, norm_input = norm_forward(x, weight, eps, residual, out_scale)
+            out, rstd, norm_input = norm_forward(x, weight, eps, residual, out_scale, target=target, flavor=flavor)
         else:
             (data, sf), out, rstd, norm_input = norm_forward_and_per_token_cast(
                 x, weight, eps, cast.fmt, cast.num_per_channels, residual, out_scale,
-                cast.use_tma_aligned_col_major_sf, cast.round_sf, cast.use_packed_ue8m0, with_out_bf16=True)
+                cast.use_tma_aligned_col_major_sf, cast.round_sf, cast.use_packed_ue8m0, with_out_bf16=True,
+                target=target, flavor=flavor)
             ctx.mark_non_differentiable(data, sf)
         ctx.save_for_backward(norm_input, weight, rstd)
-        ctx.out_scale = out_scale
+        ctx.out_scale, ctx.target, ctx.flavor = out_scale, target, flavor
         residual_out = None if residual is None else norm_input
         return out, residual_out, data, sf
 
@@ -88,11 +90,11 @@ class RMSNormFunction(torch.autograd.Function):
         if residual_out_grad is not None:
             residual_out_grad = residual_out_grad.reshape(-1, hidden).contiguous()
         x_grad, weight_grad = norm_backward(out_grad, rows, weight, rstd.reshape(-1), residual_out_grad,
-                                            ctx.out_scale)
+                                            ctx.out_scale, target=ctx.target, flavor=ctx.flavor)
         x_grad = x_grad.view(shape)
         needs_x, needs_weight, needs_residual = ctx.needs_input_grad[:3]
         return (x_grad if needs_x else None, weight_grad if needs_weight else None,
-                x_grad if needs_residual else None, None, None, None)
+                x_grad if needs_residual else None, None, None, None, None, None)
 
 
 class SwiGLUFunction(torch.autograd.Function):

@@ -1,0 +1,114 @@
+"""The DeepSeek-V4-style block of ``vmi_devkit.block`` across vmi-quant, vmi-moe and vmi-mhc.
+
+* Forward, cpu kernels against the references (the same public functions on target ``"torch"``):
+  every stage before the gate bit for bit, the routing identical, the rest within the bound that
+  the gate's last-ulp differences compose to (derived at the test).
+* Backward: every gradient of the kernel block against torch autograd through the float64 block
+  (same routing, E4M3 casts in both), within a bound derived from the E4M3 step.
+* The 2-rank expert-parallel forward equals the single-process one bit for bit.
+* ``vmi demo`` prints the table and the errors.
+
+Marked ``block`` (``nox -s integration``) and ``slow``: its first run compiles about twenty cpu
+kernels, more than the default run's budget allows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vmi_core.testing import assert_bitwise_equal
+from vmi_devkit.block import BlockConfig, Kernels, float64_errors, make_params, relative_error, run_block
+
+pytestmark = [pytest.mark.block, pytest.mark.slow]
+
+CONFIG = BlockConfig()
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The block's torch ops are tiny: one thread, as the expert-parallel ranks and the demo run them
+    (a busy machine's cores make a second thread wait)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_block_forward_and_backward():
+    """One run of each implementation (the first compiles the kernels: one test, so that one worker
+    compiles them while another runs the expert-parallel test)."""
+    runs = {}
+    for ops in (Kernels("cpu"), Kernels("torch")):
+        p = make_params(CONFIG, seed=0).fresh()
+        run = run_block(ops, p, CONFIG)
+        run.loss.backward()
+        runs[ops.target] = (run, p)
+    check_forward_matches_the_references(runs["cpu"][0], runs["torch"][0])
+    check_gradients_match_the_reference_gradients(runs["cpu"][1], runs["torch"][1])
+    check_gradients_match_float64_autograd(*runs["cpu"])
+
+
+def check_forward_matches_the_references(kernel, reference):
+    # Up to the gate's logits every stage's kernel computes the reference's fixed fp32 chain:
+    # expand is a copy, mhc_pre's chain (prenorm GEMM, RMS, split, Sinkhorn, apply) and RMSNorm + E4M3
+    # have one summation order on every target, the gate GEMM is the same torch call.
+    for name in ("residual", "layer_input", "post_mix", "comb_mix", "normed", "logits"):
+        assert_bitwise_equal(kernel.stages[name], reference.stages[name], name)
+    # The gate's scores come from exp/log1p, within 2 ulp of the reference's (docs/moe): the
+    # selection is the same (no near-ties in this data), the weights within a few fp32 ulp.
+    assert_bitwise_equal(kernel.topk_idx, reference.topk_idx, "topk_idx")
+    torch.testing.assert_close(kernel.topk_weights, reference.topk_weights, rtol=4 * 2**-23, atol=0)
+    # Bound of what follows: a weight moved by 4 ulp (2^-21 relative) moves its SwiGLU row and the
+    # row's E4M3 scale by the same factor; an E4M3 code moves only where the product crosses a
+    # rounding midpoint (one 2^-3 step, in a negligible share of elements); the down GEMM and the
+    # combine are the same torch calls, and the bf16 rounding of the layer output turns an fp32
+    # difference of 2^-21 into at most one bf16 ulp (2^-8 relative) where it crosses a midpoint. mHC
+    # post and head are linear in their input with bit-identical mixes: normwise, one bf16 ulp of the
+    # largest input, 2^-8, plus their own bf16 rounding of a moved sum, 2^-8.
+    assert relative_error(kernel.layer_output, reference.layer_output) <= 2**-8
+    assert relative_error(kernel.head, reference.head) <= 2**-7
+
+
+def check_gradients_match_the_reference_gradients(kernel, reference):
+    """The same chain but for the gate's last-ulp weights: within the forward's composed bound."""
+    for name, grad in kernel.grads().items():
+        assert relative_error(grad, reference.grads()[name]) <= 2**-7, name
+
+
+def check_gradients_match_float64_autograd(run, p):
+    """Every gradient of the kernel block against torch autograd through the float64 block.
+
+    The float64 block quantizes the same two tensors to E4M3 (its own scales) and takes the kernel
+    run's routing. The two differ by the bf16/TF32 roundings of the kernels (2^-8 relative at most
+    per stage) and, where such a difference moves a value across an E4M3 rounding midpoint, by one
+    E4M3 step (2^-3 relative) of that element: about 2^-8 / 2^-3 = 1/32 of the elements. A GEMM
+    over such operands sums these moves with random signs; normwise they stay well under one half
+    step, 2^-4: measured up to 0.05 (the up-projection weight's gradient, which multiplies two moved
+    operands). Bound: 2^-3, one E4M3 step, the largest error of a single element.
+    """
+    errors = float64_errors(run, p, CONFIG)
+    assert set(errors) == {"head"} | {f"d {name}" for name in p.GRADIENTS}
+    for name, error in errors.items():
+        assert error <= 2**-3, (name, error)
+
+
+def test_expert_parallel_forward_equals_the_single_process_block():
+    from vmi_devkit.block_ep import run_expert_parallel
+
+    result = run_expert_parallel(CONFIG, seed=0, target="cpu", timeout_s=240)
+    assert_bitwise_equal(result["expert_parallel"], result["single"], "head")
+
+
+def test_demo_prints_the_stage_table_and_errors(capsys, monkeypatch):
+    from vmi_core.cpu_parallel import THREADS_ENV
+    from vmi_devkit.demo import main
+
+    monkeypatch.setenv(THREADS_ENV, "1")  # restored afterwards: the demo sets it for its process
+    assert main(["--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    for stage in ("expand_to_mhc", "mhc_pre", "RMSNorm + E4M3 cast", "moe_topk_gate", "SwiGLU + E4M3 cast",
+                  "mhc_post", "mhc_head", "block (forward + backward)"):
+        assert stage in out, stage
+    assert "max error against the float64 block" in out
+    assert out.count("gradients up to") == 2
