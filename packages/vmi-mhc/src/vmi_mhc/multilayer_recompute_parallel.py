@@ -55,8 +55,9 @@ MAX_LAYERS = 16
 # The stream counts of post's forward kernel, whose bits every layer reproduces.
 MAX_MHC_MULT = MAX_FORWARD_MHC_MULT
 # Ascend unified-buffer budget of a kernel with SIMD regions only (spec mhc §2), the bytes kept for
-# the small per-layer tables, the largest hidden tile (TileKernels: 8192) and the versions of the
-# per-layer tiles (the loads of layer l + 1 overlap the stores of layer l).
+# the small per-layer tables, the largest hidden tile (TileKernels: 8192, with no second version of
+# the first residual slot) and the versions of the per-layer tiles (the loads of layer l + 1
+# overlap the stores of layer l).
 UB_BYTES = 248 * 1024
 TABLE_BYTES = 8 * 1024
 MAX_BLOCK = 8192
@@ -75,9 +76,10 @@ class MultilayerRecomputeSpec:
 
     @property
     def block(self) -> int:
-        # Bytes per column: two residual slots of n bf16 rows, and the versions of the layer-output
-        # and layer-input rows.
-        per_column = 2 * (2 * self.mhc_mult + 2 * VERSIONS)
+        # Bytes per column: the two residual slots of n bf16 rows (the first in two versions: the
+        # next item's R_0 loads while this item computes), and the versions of the layer-output and
+        # layer-input rows.
+        per_column = 2 * (3 * self.mhc_mult + 2 * VERSIONS)
         fit = (UB_BYTES - TABLE_BYTES) // per_column // LANES * LANES
         return hidden_block(self.hidden, min(MAX_BLOCK, fit))
 

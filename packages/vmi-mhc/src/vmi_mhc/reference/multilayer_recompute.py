@@ -12,9 +12,8 @@ Per token, with ``R = R_0`` and every step one fp32 operation rounded to nearest
     stream mix, ascend:  acc = pre[0] · R[0];  acc = fma(pre[m], R[m], acc)  for m = 1 .. n-1
                 cuda:    acc = +0;             acc = fma(pre[m], R[m], acc)  for m = 0 .. n-1
 
-``multilayer_recompute_exact`` evaluates the same recurrence in float64 (each layer's output from
-the rounded residual the previous layer carries, nothing else rounded), the yardstick of the
-measured errors.
+``multilayer_recompute_exact`` evaluates each layer in float64 from the bf16 residual it is given
+(nothing rounded), the yardstick of the measured errors.
 """
 
 from __future__ import annotations
@@ -76,16 +75,17 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[
     return layer_inputs, residuals
 
 
-def multilayer_recompute_exact(initial_residual: torch.Tensor, pre_mix_list: list[torch.Tensor],
+def multilayer_recompute_exact(carried: list[torch.Tensor], pre_mix_list: list[torch.Tensor],
                                layer_output_list: list[torch.Tensor], post_mix_list: list[torch.Tensor],
                                comb_mix_list: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """float64 ``(layer_inputs, residuals)`` of the recurrence: each layer's sums exact, from the
-    residual the previous layer carries rounded to bf16 (as the op's contract prescribes)."""
-    *lead, n, hidden = initial_residual.shape
-    residual = initial_residual.reshape(-1, n, hidden).double()
-    num_tokens = residual.shape[0]
+    """float64 ``(layer_inputs, residuals)``: each layer's sums exact, from the bf16 residual
+    ``carried[l]`` it is given (``R_0``, then the residuals a recompute carried), so that the
+    error of each layer is measured on its own."""
+    *lead, n, hidden = carried[0].shape
     layer_inputs, residuals = [], []
     for layer, pre in enumerate(pre_mix_list):
+        residual = carried[layer].reshape(-1, n, hidden).double()
+        num_tokens = residual.shape[0]
         weights = pre.reshape(num_tokens, n, 1).double()
         layer_inputs.append((weights * residual).sum(dim=1).reshape(*lead, hidden))
         if layer < len(layer_output_list):
@@ -94,5 +94,4 @@ def multilayer_recompute_exact(initial_residual: torch.Tensor, pre_mix_list: lis
             comb = comb_mix_list[layer].reshape(num_tokens, n, n).double()
             exact = post * x + torch.einsum("tio,tih->toh", comb, residual)
             residuals.append(exact.reshape(*lead, n, hidden))
-            residual = exact.to(torch.bfloat16).double()
     return layer_inputs, residuals
