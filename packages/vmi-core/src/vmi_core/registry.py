@@ -108,8 +108,8 @@ def discover() -> dict[str, OpInfo]:
 def bind(op: KernelOp, values: dict, device: str) -> tuple[list, list]:
     """``op``'s positional arguments from ``values`` by parameter name (defaults, or None where a
     parameter admits it, for the rest), tensors (also those of a ``Tensor[]``) moved to ``device``;
-    and the tensors bound to mutable parameters, which are fresh copies so the caller's inputs stay
-    as they were."""
+    and the tensors bound to mutable parameters (a mutable ``Tensor[]``'s one by one), which are
+    fresh copies so the caller's inputs stay as they were."""
     args, mutated = [], []
     for param in op.params:
         if param.name in values:
@@ -125,6 +125,9 @@ def bind(op: KernelOp, values: dict, device: str) -> tuple[list, list]:
                 mutated.append(value)
         elif param.kind == "Tensor[]" and value is not None:
             value = [t.to(device) for t in value]
+            if param.mutable:
+                value = [t.clone() for t in value]
+                mutated.extend(value)
         args.append(value)
     return args, mutated
 
