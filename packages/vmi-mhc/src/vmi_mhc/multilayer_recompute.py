@@ -97,8 +97,8 @@ def _prepare(initial_residual, pre_mix_list, layer_output_list, post_mix_list, c
     _check_list(layer_input_list, "layer_input_list", torch.bfloat16, ((*lead, hidden),), device)
     _check_list(residual_list, "residual_list", torch.bfloat16, ((*lead, n, hidden),), device)
     inputs = {"initial_residual": initial_residual}
-    for name, tensors in zip(("pre_mix_list", "layer_output_list", "post_mix_list", "comb_mix_list"), lists,
-                             strict=False):
+    for name, tensors in zip(("pre_mix_list", "layer_output_list", "post_mix_list", "comb_mix_list"), lists[:4],
+                             strict=True):
         inputs.update({f"{name}[{layer}]": t for layer, t in enumerate(tensors)})
     outputs = {f"layer_input_list[{layer}]": t for layer, t in enumerate(layer_input_list)}
     outputs.update({f"residual_list[{layer}]": t for layer, t in enumerate(residual_list)})
