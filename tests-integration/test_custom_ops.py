@@ -187,6 +187,9 @@ VARIANTS = {
     "mhc_post_fwd-out": lambda: vmi_mhc.mhc_post_fwd(
         X[:6].view(2, 3, 256), randn((2, 3, 4, 512), 4, torch.bfloat16)[..., ::2], randn((2, 3, 4, 1), 5),
         randn((2, 3, 4, 4), 6), out=torch.empty(2, 3, 4, 256, dtype=torch.bfloat16)),
+    # One layer without a post update (pre_apply_mix's kernel), 3-D token dims and two streams.
+    "mhc_multilayer_recompute-one-layer": lambda: vmi_mhc.mhc_multilayer_recompute(
+        X.view(2, 3, 2, 256), [torch.rand(2, 3, 2)], [], [], [], [torch.empty(2, 3, 256, dtype=torch.bfloat16)], []),
 }
 SAMPLES = {**{name: _registry_call(name) for name in sorted(OPS)}, **VARIANTS}
 

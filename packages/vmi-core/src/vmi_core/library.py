@@ -64,7 +64,8 @@ _KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
 class Param:
     """One parameter of an op: ``kind`` is its schema type (``Tensor``, ``int``, ``float``,
     ``bool``, ``str``, ``ScalarType``, ``int[]``, ``bool[]``, ``Tensor[]``); ``optional`` admits ``None``; ``mutable``
-    marks a tensor the op writes in place (declared ``Tensor(a!)`` in the schema)."""
+    marks a tensor, or a list of tensors, the op writes in place (declared ``Tensor(a!)`` or
+    ``Tensor(a!)[]`` in the schema)."""
 
     name: str
     kind: str
@@ -75,15 +76,15 @@ class Param:
     def __post_init__(self):
         if self.kind not in _KINDS:
             raise ValueError(f"parameter {self.name}: unknown kind {self.kind!r}")
-        if self.mutable and self.kind != "Tensor":
-            raise ValueError(f"parameter {self.name}: only a tensor can be mutable")
+        if self.mutable and self.kind not in ("Tensor", "Tensor[]"):
+            raise ValueError(f"parameter {self.name}: only a tensor or a list of tensors can be mutable")
 
     @property
     def has_default(self) -> bool:
         return self.default is not _REQUIRED
 
     def schema(self, alias: str | None) -> str:
-        kind = f"Tensor({alias}!)" if alias else self.kind
+        kind = f"Tensor({alias}!){self.kind[len('Tensor'):]}" if alias else self.kind
         text = f"{kind}{'?' if self.optional else ''} {self.name}"
         if self.has_default:
             text += f"={_schema_value(self.default)}"

@@ -105,11 +105,23 @@ def discover() -> dict[str, OpInfo]:
     return ops
 
 
+def _fresh_copies(tensors: list) -> list:
+    """Copies of ``tensors`` laid out as they are: views of one contiguous buffer (``unbind`` of a
+    stacked tensor) become the same views of one copy of it, so an op that addresses such a list in
+    place is measured that way; other tensors are cloned one by one."""
+    base = tensors[0]._base if tensors else None
+    if (base is None or any(t._base is not base for t in tensors) or not base.is_contiguous()
+            or base.storage_offset() != 0):
+        return [t.clone() for t in tensors]
+    copy = base.clone()
+    return [copy.as_strided(t.shape, t.stride(), t.storage_offset()) for t in tensors]
+
+
 def bind(op: KernelOp, values: dict, device: str) -> tuple[list, list]:
     """``op``'s positional arguments from ``values`` by parameter name (defaults, or None where a
     parameter admits it, for the rest), tensors (also those of a ``Tensor[]``) moved to ``device``;
-    and the tensors bound to mutable parameters, which are fresh copies so the caller's inputs stay
-    as they were."""
+    and the tensors bound to mutable parameters (a mutable ``Tensor[]``'s one by one), which are
+    fresh copies (``_fresh_copies``) so the caller's inputs stay as they were."""
     args, mutated = [], []
     for param in op.params:
         if param.name in values:
@@ -125,6 +137,9 @@ def bind(op: KernelOp, values: dict, device: str) -> tuple[list, list]:
                 mutated.append(value)
         elif param.kind == "Tensor[]" and value is not None:
             value = [t.to(device) for t in value]
+            if param.mutable:
+                value = _fresh_copies(value)
+                mutated.extend(value)
         args.append(value)
     return args, mutated
 

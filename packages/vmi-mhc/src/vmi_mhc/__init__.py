@@ -7,6 +7,8 @@ v2's names and arguments (outputs given and written, and also returned):
 * ``expand_to_mhc_fwd`` / ``_bwd`` — the embedding copied into the n residual streams;
 * ``mhc_pre_apply_mix_fwd`` / ``_bwd`` — the pre-mixed sublayer input ``Σ_m pre[m]·R[m]``;
 * ``mhc_post_fwd`` / ``_bwd`` — the next residual ``post·x + Σ_i comb[i, ·]·R[i]``;
+* ``mhc_multilayer_recompute`` — a run of layers' inputs and residuals rebuilt from ``R_0`` (the
+  pre_apply_mix / post chain in one kernel, bit for bit);
 * ``mhc_fn_normw_merge_fwd`` / ``_bwd``, ``mhc_pre_norm_fn_gemm_fwd`` / ``_bwd``,
   ``mhc_reduce_partials_and_rmsnorm_fwd`` / ``_bwd`` — ``norm_fn``: the weight merge, the prenorm
   GEMM (split-K partials, TF32 operands) and the split reduction with the RMS scale;
@@ -43,6 +45,8 @@ from .expand_parallel import expand_to_mhc_bwd_parallel, expand_to_mhc_fwd_paral
 from .functional import expand_from_embedding, mhc_head, mhc_pre, mhc_pre_big_fuse
 from .head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
 from .head_compute_mix_parallel import mhc_head_compute_mix_bwd_parallel, mhc_head_compute_mix_fwd_parallel
+from .multilayer_recompute import mhc_multilayer_recompute
+from .multilayer_recompute_parallel import mhc_multilayer_recompute_parallel
 from .norm_fn import (
     mhc_fn_normw_merge_bwd,
     mhc_fn_normw_merge_fwd,
@@ -87,6 +91,8 @@ __all__ = [
     "mhc_head_compute_mix_bwd_parallel",
     "mhc_head_compute_mix_fwd",
     "mhc_head_compute_mix_fwd_parallel",
+    "mhc_multilayer_recompute",
+    "mhc_multilayer_recompute_parallel",
     "mhc_post",
     "mhc_post_bwd",
     "mhc_post_bwd_parallel",

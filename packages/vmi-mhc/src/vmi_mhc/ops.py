@@ -1,15 +1,13 @@
 """vmi-mhc's ops for the ``vmi`` command (entry point group ``vmi.ops``).
 
 Each entry is built from the op's declaration (``kernel_op_entry``). Token-major shapes:
-``(tokens, hidden)`` for the residual ops (``expand``, ``pre_apply_mix``; the stream count is an
-option, 4 by default) and the ``norm_fn`` stages (``K = 4 · hidden``, ``n3 = 24`` mix entries; the
-merge stages use the hidden size only: ``fn`` is ``(24, K)``; ``pre_big_fuse``: 4 streams, its
-partials and residual of that shape), ``(tokens,)`` for the mix ops (``head_compute_mix``, whose
-stream count is an option, 4 by default; ``pre_split_mixes``, ``sinkhorn``). Every entry is checked
-bit for bit: kernel and reference share
-the flavor's fp32 chain.
-``(tokens, hidden)`` for the residual ops (as ``(B, S) = (tokens, 1)``), ``(tokens,)`` for the mix
-ops; the stream count is 4.
+``(tokens, hidden)`` for the residual ops (``expand``, ``pre_apply_mix``, ``multilayer_recompute``:
+the stream count is an option, 4 by default; ``post`` as ``(B, S) = (tokens, 1)``, 4 streams), the
+``norm_fn`` stages (``K = 4 · hidden``, ``n3 = 24`` mix entries; the merge stages use the hidden
+size only: ``fn`` is ``(24, K)``) and ``pre_big_fuse`` (4 streams, its partials and residual of that
+shape); ``(tokens,)`` for the mix ops (``head_compute_mix``, whose stream count is an option, 4 by
+default; ``pre_split_mixes``, ``sinkhorn``). Every entry is checked bit for bit (the prenorm GEMM's
+within its stated bounds): kernel and reference share the flavor's fp32 chain.
 """
 
 from __future__ import annotations
@@ -25,6 +23,13 @@ from .expand_parallel import ExpandSpec, expand_bwd_source, expand_fwd_source
 from .head_compute_mix import MHC_HEAD_COMPUTE_MIX_BWD, MHC_HEAD_COMPUTE_MIX_FWD
 from .head_compute_mix_parallel import HeadComputeMixSpec, head_compute_mix_bwd_source, head_compute_mix_fwd_source
 from .inputs import MAX_STREAMS, MHC_MULT, mix_width
+from .multilayer_recompute import MHC_MULTILAYER_RECOMPUTE
+from .multilayer_recompute_parallel import (
+    MAX_LAYERS,
+    MAX_MHC_MULT,
+    MultilayerRecomputeSpec,
+    multilayer_recompute_source,
+)
 from .norm_fn import (
     MHC_FN_NORMW_MERGE_BWD,
     MHC_FN_NORMW_MERGE_FWD,
@@ -438,6 +443,50 @@ def _head_fwd_inputs(shape, options, seed):
 
 def _head_spec(options, target, flavor):
     return HeadComputeMixSpec(options["mhc_mult"], _flavor_of(target, flavor))
+# --- multilayer_recompute ---
+
+RECOMPUTE_OPTIONS = (
+    Option("mhc_mult", MHC_MULT, tuple(range(1, MAX_MHC_MULT + 1)), "residual streams n"),
+    Option("num_layers", 4, tuple(range(1, MAX_LAYERS + 1)), "layers L"),
+    Option("last_post", True, (True, False), "whether the last layer has a post update (L_post = L, else L - 1)"),
+)
+
+
+def _post_layers(options) -> int:
+    return options["num_layers"] - (0 if options["last_post"] else 1)
+
+
+def _recompute_inputs(shape, options, seed):
+    # Unnormalised randn mixes, as TileKernels' test draws them; each input list is one buffer's
+    # layers (the layout a caller that saves them for recomputation keeps), the outputs too.
+    tokens, hidden = shape
+    n, layers, post_layers = options["mhc_mult"], options["num_layers"], _post_layers(options)
+    return {
+        "initial_residual": randn((tokens, n, hidden), seed, torch.bfloat16),
+        "pre_mix_list": list(randn((layers, tokens, n, 1), seed + 1).unbind(0)),
+        "layer_output_list": list(randn((post_layers, tokens, hidden), seed + 2, torch.bfloat16).unbind(0)),
+        "post_mix_list": list(randn((post_layers, tokens, n, 1), seed + 3).unbind(0)),
+        "comb_mix_list": list(randn((post_layers, tokens, n, n), seed + 4).unbind(0)),
+        "layer_input_list": list(torch.zeros(layers, tokens, hidden, dtype=torch.bfloat16).unbind(0)),
+        "residual_list": list(torch.zeros(post_layers, tokens, n, hidden, dtype=torch.bfloat16).unbind(0)),
+    }
+
+
+def _recompute_check(outputs, expected) -> list[str]:
+    # The written lists, layer inputs then residuals, each tensor bit for bit.
+    names = [f"output {k}" for k in range(len(expected))]
+    if len(outputs) != len(expected):
+        return [f"  {len(outputs)} outputs vs {len(expected)} expected"]
+    return compare_named(names)(outputs, expected)
+
+
+def _recompute_source(options, target, flavor):
+    n, post_layers, flavor = options["mhc_mult"], _post_layers(options), _flavor_of(target, flavor)
+    if not post_layers:
+        # One layer without a post update runs pre_apply_mix's kernel.
+        return pre_apply_mix_fwd_source(PreApplyMixFwdSpec(n, flavor), target)
+    spec = MultilayerRecomputeSpec(n, _SOURCE_HIDDEN, options["num_layers"], post_layers, flavor)
+    return multilayer_recompute_source(spec, target)
 
 
 OPS = [
@@ -662,6 +711,19 @@ OPS = [
         targets=_POST_TARGETS,
         make_inputs=_post_fwd_inputs,
         source=_post_fwd_source,
+    ),
+    kernel_op_entry(
+        MHC_MULTILAYER_RECOMPUTE,
+        check=_recompute_check,
+        family="mhc",
+        summary="rebuild a run of layers' inputs and residuals from R_0: pre_apply_mix then post per layer, "
+                "bit for bit, in one kernel",
+        default_shape=(1024, 4096),
+        bench_shapes=_RESIDUAL_SHAPES,
+        options=RECOMPUTE_OPTIONS,
+        targets=_POST_TARGETS,
+        make_inputs=_recompute_inputs,
+        source=_recompute_source,
     ),
     kernel_op_entry(
         MHC_POST_BWD,

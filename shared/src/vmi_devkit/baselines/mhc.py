@@ -280,6 +280,29 @@ def mhc_post_bwd_baseline(op, options):
                          "in fp32", same_bits=False)
 
 
+def mhc_multilayer_recompute_baseline(op, options):
+    def one(residual, pres, outputs, posts, combs):
+        layer_inputs, residuals = [], []
+        for layer, pre in enumerate(pres):
+            streams = residual.float()
+            layer_inputs.append(torch.matmul(pre.transpose(-1, -2), streams).squeeze(-2).bfloat16())
+            if layer < len(outputs):
+                mixed = torch.matmul(combs[layer].transpose(-1, -2), streams)
+                residual = torch.addcmul(mixed, posts[layer], outputs[layer].float().unsqueeze(-2)).bfloat16()
+                residuals.append(residual)
+        return (*layer_inputs, *residuals)
+
+    def run(inputs, flavor, rows):
+        residual = inputs["initial_residual"]
+        lists = [inputs[k] for k in ("pre_mix_list", "layer_output_list", "post_mix_list", "comb_mix_list")]
+        return in_row_chunks(lambda a, b: one(residual[a:b], *([t[a:b] for t in ts] for ts in lists)),
+                             residual.shape[0], rows)
+    # torch's matmul sums in its own order, not the kernels' fma chains: the last bit may differ, and
+    # a difference carried in the residual reaches the later layers.
+    return Baseline(run, "per layer torch ops: matmul(pre^T, R), matmul(comb^T, R) + post * x in fp32, to bf16",
+                    same_bits=False)
+
+
 BASELINES = {
     "mhc_head_compute_mix_fwd": mhc_head_compute_mix_fwd_baseline,
     "mhc_head_compute_mix_bwd": mhc_head_compute_mix_bwd_baseline,
@@ -300,4 +323,5 @@ BASELINES = {
     "mhc_pre_apply_mix_bwd": pre_apply_mix_bwd_baseline,
     "mhc_post_fwd": mhc_post_fwd_baseline,
     "mhc_post_bwd": mhc_post_bwd_baseline,
+    "mhc_multilayer_recompute": mhc_multilayer_recompute_baseline,
 }
