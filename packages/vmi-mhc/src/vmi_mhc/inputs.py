@@ -38,10 +38,36 @@ def check_streams(mhc_mult: int, name: str) -> int:
     return mhc_mult
 
 
-def finite_fp32(value, name: str) -> float:
-    """``value`` (a real number) as the fp32 scalar a kernel takes, when that is finite."""
+F32_MAX = float(torch.finfo(torch.float32).max)
+_MIN_NORMAL = 2.0 ** -126
+
+
+def finite_fp32(value, name: str, *, non_negative: bool = False) -> float:
+    """``value`` (a real number) as the fp32 scalar a kernel takes, when that is finite (and, with
+    ``non_negative``, not below 0)."""
     value = check_float(value, name, finite=True)
+    if non_negative and value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
     as_fp32 = float(torch.tensor(value, dtype=torch.float32))
     if not abs(as_fp32) < float("inf"):
         raise ValueError(f"{name} must be finite as fp32, got {value}")
     return as_fp32
+
+
+def post_mult_fp32(value) -> float:
+    """``mhc_post_mult_value`` as fp32: 0 or a normal number (the split backward divides by it, and
+    the Ascend division flushes a subnormal divisor)."""
+    as_fp32 = finite_fp32(value, "mhc_post_mult_value")
+    if (value != 0 and as_fp32 == 0) or 0 < abs(as_fp32) < _MIN_NORMAL:
+        raise ValueError(f"mhc_post_mult_value must be 0 or at least 2^-126 in magnitude (a normal fp32 "
+                         f"number), got {value}")
+    return as_fp32
+
+
+def check_rms_eps(value) -> float:
+    """``rms_eps`` as the RMS kernels take it: a real number in ``[0, fp32 max]`` (rounded to fp32
+    in the kernel)."""
+    eps = check_float(value, "rms_eps", finite=True)
+    if not 0.0 <= eps <= F32_MAX:
+        raise ValueError(f"rms_eps must be in [0, {F32_MAX:.7g}], got {eps!r}")
+    return eps

@@ -23,7 +23,6 @@ import torch
 
 from vmi_core.checks import (
     check_disjoint,
-    check_float,
     check_in_place,
     check_int,
     check_kernel_extent,
@@ -35,9 +34,8 @@ from vmi_core.rstd import MAX_HIDDEN
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import norm_fn_parallel as parallel
+from .inputs import check_rms_eps
 from .reference import norm_fn as reference
-
-F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 @dataclass
@@ -107,10 +105,7 @@ def _check_fn(fn, name: str = "fn") -> tuple[int, int]:
 
 def _check_group(rms_group_size, rms_eps) -> tuple[int, float]:
     group_size = check_int(rms_group_size, "rms_group_size", 1, MAX_HIDDEN)
-    eps = check_float(rms_eps, "rms_eps", finite=True)
-    if not 0.0 <= eps <= F32_MAX:
-        raise ValueError(f"rms_eps must be in [0, {F32_MAX:.7g}], got {eps!r}")
-    return group_size, eps
+    return group_size, check_rms_eps(rms_eps)
 
 
 def _check_mix(mix: int, name: str) -> int:

@@ -18,7 +18,6 @@ import torch
 from vmi_core.checks import (
     INT32_MAX,
     check_disjoint,
-    check_float,
     check_in_place,
     check_int,
     check_kernel_extent,
@@ -29,13 +28,11 @@ from vmi_core.rstd import MAX_HIDDEN
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from . import pre_big_fuse_parallel as parallel
-from .inputs import check_mhc_mult, mix_width
+from .inputs import check_mhc_mult, check_rms_eps, finite_fp32, mix_width, post_mult_fp32
 from .norm_fn_parallel import MAX_SPLITS
 from .reference import pre_big_fuse as reference
 
 _OP = "mhc_pre_big_fuse_fwd"
-_F32_MAX = float(torch.finfo(torch.float32).max)
-_MIN_NORMAL = 2.0 ** -126
 
 
 @dataclass
@@ -56,34 +53,6 @@ class PreBigFuseCall:
     mhc_sinkhorn_eps: float
     mhc_post_mult_value: float
     sinkhorn_repeat: int
-
-
-def _fp32_value(value, name: str, *, non_negative: bool = False) -> float:
-    """A real number that is finite as fp32 (the kernels take it as an fp32 scalar)."""
-    value = check_float(value, name, finite=True)
-    if non_negative and value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    as_fp32 = float(torch.tensor(value, dtype=torch.float32))
-    if not abs(as_fp32) < float("inf"):
-        raise ValueError(f"{name} must be finite as fp32, got {value}")
-    return as_fp32
-
-
-def _post_mult(value) -> float:
-    """``mhc_post_mult_value`` as ``mhc_pre_split_mixes_fwd`` takes it: fp32, 0 or a normal number."""
-    as_fp32 = _fp32_value(value, "mhc_post_mult_value")
-    if (value != 0 and as_fp32 == 0) or 0 < abs(as_fp32) < _MIN_NORMAL:
-        raise ValueError(f"mhc_post_mult_value must be 0 or at least 2^-126 in magnitude (a normal fp32 "
-                         f"number), got {value}")
-    return as_fp32
-
-
-def _rms_eps(value) -> float:
-    """``rms_eps`` as ``mhc_reduce_partials_and_rmsnorm_fwd`` takes it (the kernel rounds it to fp32)."""
-    eps = check_float(value, "rms_eps", finite=True)
-    if not 0.0 <= eps <= _F32_MAX:
-        raise ValueError(f"rms_eps must be in [0, {_F32_MAX:.7g}], got {eps!r}")
-    return eps
 
 
 def _check_residual(residual) -> tuple[int, int, int]:
@@ -124,10 +93,10 @@ def _run(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, rms_eps, 
     _check_partials(gemm_out_mul, gemm_out_sqrsum, n_splits, num_tokens, n, device)
     check_tensor(mhc_scale, "mhc_scale", dtype=torch.float32, shape=(3,), device=device, contiguous=True)
     check_tensor(mhc_base, "mhc_base", dtype=torch.float32, shape=(mix_width(n),), device=device, contiguous=True)
-    rms_eps = _rms_eps(rms_eps)
-    pre_eps = _fp32_value(mhc_pre_eps, "mhc_pre_eps")
-    sinkhorn_eps = _fp32_value(mhc_sinkhorn_eps, "mhc_sinkhorn_eps", non_negative=True)
-    post_mult = _post_mult(mhc_post_mult_value)
+    rms_eps = check_rms_eps(rms_eps)
+    pre_eps = finite_fp32(mhc_pre_eps, "mhc_pre_eps")
+    sinkhorn_eps = finite_fp32(mhc_sinkhorn_eps, "mhc_sinkhorn_eps", non_negative=True)
+    post_mult = post_mult_fp32(mhc_post_mult_value)
     repeat = check_int(sinkhorn_repeat, "sinkhorn_repeat", 1, INT32_MAX)
     given = out or (None, None, None)
     post_mix = _output(given[0], "post_mix", (num_tokens, n), torch.float32, device)

@@ -11,16 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import check_disjoint, check_float, check_kernel_extent, check_tensor
+from vmi_core.checks import check_disjoint, check_kernel_extent, check_tensor
 from vmi_core.library import KernelOp, Param
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
 from . import pre_split_mixes_parallel as parallel
-from .inputs import check_mhc_mult, mix_width
+from .inputs import check_mhc_mult, finite_fp32, mix_width, post_mult_fp32
 from .reference import pre_split_mixes as reference
 
 _OP = "mhc_pre_split_mixes"
-_MIN_NORMAL = 2.0 ** -126
 
 
 @dataclass
@@ -80,25 +79,6 @@ def _check_mix(t, name: str, num_tokens: int, width: int, device) -> None:
     check_tensor(t, name, dtype=torch.float32, shape=(num_tokens, width), device=device, contiguous=True)
 
 
-def _fp32_value(value, name: str) -> float:
-    """A real number that is finite as fp32 (the kernels take it as an fp32 scalar)."""
-    value = check_float(value, name, finite=True)
-    as_fp32 = float(torch.tensor(value, dtype=torch.float32))
-    if not abs(as_fp32) < float("inf"):
-        raise ValueError(f"{name} must be finite as fp32, got {value}")
-    return as_fp32
-
-
-def _post_mult(value) -> float:
-    """``mhc_post_mult_value`` as fp32: 0 or a normal number (the backward divides by it, and the
-    Ascend division flushes a subnormal divisor)."""
-    as_fp32 = _fp32_value(value, "mhc_post_mult_value")
-    if (value != 0 and as_fp32 == 0) or 0 < abs(as_fp32) < _MIN_NORMAL:
-        raise ValueError(f"mhc_post_mult_value must be 0 or at least 2^-126 in magnitude (a normal fp32 "
-                         f"number), got {value}")
-    return as_fp32
-
-
 def _output(t, name: str, num_tokens: int, width: int, device) -> torch.Tensor:
     if t is None:
         return torch.empty((num_tokens, width), dtype=torch.float32, device=device)
@@ -112,8 +92,8 @@ def _run_fwd(input_mixes, mhc_scale, mhc_base, mhc_post_mult_value, mhc_pre_eps,
     n = pre.shape[1] if isinstance(pre, torch.Tensor) and pre.dim() == 2 else parallel.N
     _check_mult(n, "pre_layer_mix.size(1) (n)", input_mixes)
     _check_parameters(mhc_scale, mhc_base, device)
-    post_mult = _post_mult(mhc_post_mult_value)
-    pre_eps = _fp32_value(mhc_pre_eps, "mhc_pre_eps")
+    post_mult = post_mult_fp32(mhc_post_mult_value)
+    pre_eps = finite_fp32(mhc_pre_eps, "mhc_pre_eps")
     pre = _output(pre, "pre_layer_mix", num_tokens, n, device)
     post = _output(post, "post_layer_mix", num_tokens, n, device)
     comb = _output(comb, "comb_res_mix", num_tokens, n * n, device)
@@ -143,7 +123,7 @@ def _run_bwd(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_m
     _check_mix(comb_res_mix_grad, "comb_res_mix_grad", num_tokens, n * n, device)
     _check_mix(post_layer_mix, "post_layer_mix", num_tokens, n, device)
     _check_parameters(mhc_scale, mhc_base, device)
-    post_mult = _post_mult(mhc_post_mult_value)
+    post_mult = post_mult_fp32(mhc_post_mult_value)
     dx, scale_grad, base_grad = out if out is not None else (None, None, None)
     dx = _output(dx, "input_mixes_grad", num_tokens, mix_width(n), device)
     if scale_grad is None:
