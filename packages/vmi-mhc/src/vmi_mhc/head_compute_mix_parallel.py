@@ -37,9 +37,10 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl.shell import SIMD, SIMT, Shell
-from vmi_core.tl.simd import LANES, LaneVar, Vec, bitcast, keep, select
-from vmi_core.tl.vector import gather, load, store
+from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
+from vmi_core.tl.vector import load, store
 
+from .tl.lanes import BiasTable, zero
 from .tl.sigmoid import sigmoid
 from .tl.split_mixes import logit, pre_mix
 
@@ -67,27 +68,16 @@ class HeadComputeMixSpec:
         return get_flavor(self.flavor).name == "ascend"
 
 
-def _zero(at):
-    """+0.0 in the lane(s) at ``at``."""
-    return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
-
-
 class _Streams:
-    """Reads stream ``j`` (a loop variable) of the token(s) at ``at``: its bias from the on-chip
-    bias table (broadcast into every lane by a register gather in vector code) and its logit."""
+    """Reads stream ``j`` (a loop variable) of the token(s) at ``at``: its bias and its logit."""
 
     def __init__(self, at, x, biases, gain):
-        self.at, self.x, self.biases, self.gain = at, x, biases, gain
-        self.bias_register = keep(load(biases[0])) if at.vector else None
-
-    def bias(self, j):
-        if self.at.vector:
-            return gather(self.bias_register, bitcast(Vec.splat(j, "int32"), "uint32"))
-        return self.biases[j]
+        self.at, self.x, self.gain = at, x, gain
+        self.bias = BiasTable(biases, at)
 
     def logit(self, j):
         """``fl(fl(x · scale) + base[j])`` (``vmi_mhc.tl.split_mixes.logit``)."""
-        return logit(self.at.load(self.x, j), self.gain, self.bias(j))
+        return logit(self.at.load(self.x, j), self.gain, self.bias[j])
 
 
 def build_head_compute_mix_fwd(spec: HeadComputeMixSpec, target: str):
@@ -189,8 +179,8 @@ def build_head_compute_mix_bwd(spec: HeadComputeMixSpec, target: str):
                 tile0 = (first_row + row) * tiles_per_row
                 num_tiles = T.max(0, T.min(tiles_per_row, T.ceildiv(M, BT) - tile0))
                 with sh.vector(SIMD):
-                    sh.elementwise((N + 1, BT), _zero, acc)
-                    sh.elementwise((LANES,), _zero, sums)
+                    sh.elementwise((N + 1, BT), zero, acc)
+                    sh.elementwise((LANES,), zero, sums)
                 for k in T.serial(num_tiles):
                     token0 = T.alloc_var("int32")
                     num_valid = T.alloc_var("int32")

@@ -41,9 +41,10 @@ from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.targets import require_kernel
 from vmi_core.tl.shell import SIMD, Shell
-from vmi_core.tl.simd import LANES, LaneVar, Vec, fma, keep
+from vmi_core.tl.simd import LANES, LaneVar, fma, keep
 from vmi_core.tl.vector import ChunkAt, load, phase_barrier, store
 
+from .tl.lanes import zero
 from .tl.rms import rms_scale, split_sum, sqrsum_grad
 
 # Columns per work tile of the merge kernels (the backward holds three (m, block) slabs).
@@ -73,11 +74,6 @@ class ReduceSpec:
     group_size: int
     eps: float
     flavor: str
-
-
-def zero(at):
-    """+0.0 in the lane(s) at ``at``."""
-    return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
 
 
 def column_value(vector_tile, at):

@@ -43,6 +43,7 @@ from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, fma, keep, select, simd
 from vmi_core.tl.vector import load, phase_barrier, store
 
+from .tl.lanes import zero
 from .tl.post import residual_update, weighted_sum
 
 # Ascend unified-buffer budget of a kernel with SIMD regions only (spec mhc §2), and the bytes kept
@@ -125,10 +126,6 @@ def _store(tile, index: tuple, value, vector: bool):
         T.evaluate(store(tile[index], value))
     else:
         T.buffer_store(tile, value, list(index))
-
-
-def _zero(at):
-    return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
 
 
 # --- forward -----------------------------------------------------------------------------------
@@ -302,8 +299,8 @@ def build_post_bwd(spec: PostBackwardSpec, target: str):
                 sh.copy(POST[t, 0], post)
                 sh.copy(COMB[t, 0], comb)
                 with sh.vector(SIMD):
-                    sh.elementwise((n, LANES), _zero, post_parts)
-                    sh.elementwise((n * n, LANES), _zero, comb_parts)
+                    sh.elementwise((n, LANES), zero, post_parts)
+                    sh.elementwise((n * n, LANES), zero, comb_parts)
                 for k in T.serial(NT):
                     h0 = T.alloc_var("int32")
                     chunks = T.alloc_var("int32")

@@ -37,11 +37,12 @@ from vmi_core.formats import bit_view
 from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, Shell
-from vmi_core.tl.simd import LANES, Vec, bitcast, keep
-from vmi_core.tl.vector import ChunkAt, gather, load
+from vmi_core.tl.simd import LANES, keep
+from vmi_core.tl.vector import ChunkAt
 
 from .inputs import MHC_MULT, mix_width
 from .norm_fn_parallel import padded_mix, row_value
+from .tl.lanes import BiasTable, zero
 from .tl.mix import row_at, stream_mix
 from .tl.rms import rms_scale, split_sum
 from .tl.sinkhorn import ENTRIES, sinkhorn
@@ -75,18 +76,6 @@ class PreBigFuseSpec:
         return get_flavor(self.flavor).name == "ascend"
 
 
-def _zero(at):
-    """+0.0 in the lane(s) at ``at``."""
-    return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
-
-
-def _bias(biases, bias_register, i, at):
-    """Bias ``i`` in every lane of ``at``: a register gather from the on-chip table in vector code."""
-    if at.vector:
-        return gather(bias_register, bitcast(Vec.splat(i, "int32"), "uint32"))
-    return biases[i]
-
-
 def _pre_weight(pre, row, stream: int, at):
     """The pre weight of stream ``stream`` of the block's token ``row`` in every lane of ``at`` (vector
     code gathers it from the table row, which ``Shell.group_tile`` pads for the register load)."""
@@ -109,10 +98,10 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
     def mix_token(acc, sq, biases, pre, post, comb, gains, scalars, at):
         pre_eps, post_mult, sinkhorn_eps, repeat = scalars
         r = keep(rms_scale(row_value(sq, at), spec.group_size, spec.rms_eps, spec.flavor))
-        bias_register = keep(load(biases[0])) if at.vector else None
+        bias = BiasTable(biases, at)
 
         def z(i, gain: int):
-            return logit(keep(at.load(acc, i) * r), gains[gain], _bias(biases, bias_register, i, at))
+            return logit(keep(at.load(acc, i) * r), gains[gain], bias[i])
 
         # Loops rather than unrolled entries, as the split kernel has them: one sigmoid in the code each.
         with T.serial(N) as m:
@@ -172,8 +161,8 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
                 o = sh.tile((BH,), "uint16")
                 sh.buffer_versions({p: 2, q: 2, x: 2, o: 2})
                 with sh.vector(SIMD):
-                    sh.elementwise((BT, NP), _zero, acc)
-                    sh.elementwise((BT,), _zero, sq)
+                    sh.elementwise((BT, NP), zero, acc)
+                    sh.elementwise((BT,), zero, sq)
                 for s in T.serial(S):
                     sh.copy(P[s, t0, 0], p)
                     sh.copy(Q[s, t0], q)

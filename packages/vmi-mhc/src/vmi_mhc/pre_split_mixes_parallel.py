@@ -38,10 +38,11 @@ from vmi_core.cpu_parallel import launch_rows
 from vmi_core.targets import get_flavor, require_kernel
 from vmi_core.tl.formats import flavor_quotient
 from vmi_core.tl.shell import SIMD, SIMT, Shell
-from vmi_core.tl.simd import LANES, LaneVar, Vec, bitcast, keep, select
-from vmi_core.tl.vector import gather, load, store
+from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
+from vmi_core.tl.vector import store
 
 from .inputs import MHC_MULT, mix_width
+from .tl.lanes import BiasTable, zero
 from .tl.sigmoid import sigmoid
 from .tl.split_mixes import logit, post_mix, pre_mix
 
@@ -78,32 +79,21 @@ class PreSplitMixesSpec:
         return get_flavor(self.flavor).name == "ascend"
 
 
-def _zero(at):
-    """+0.0 in the lane(s) at ``at``."""
-    return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
-
-
 def _gains(SCALE):
     """The three gains as scalars (read once per worker; vector code broadcasts them)."""
     return [keep(SCALE[c]) for c in range(NUM_GAINS)]
 
 
 class _Entries:
-    """Reads entry ``i`` (a loop variable) of the token(s) at ``at``: its bias from the on-chip bias
-    table (broadcast into every lane by a register gather in vector code) and its logit."""
+    """Reads entry ``i`` (a loop variable) of the token(s) at ``at``: its bias and its logit."""
 
     def __init__(self, at, x, biases, gains):
-        self.at, self.x, self.biases, self.gains = at, x, biases, gains
-        self.bias_register = keep(load(biases[0])) if at.vector else None
-
-    def bias(self, i):
-        if self.at.vector:
-            return gather(self.bias_register, bitcast(Vec.splat(i, "int32"), "uint32"))
-        return self.biases[i]
+        self.at, self.x, self.gains = at, x, gains
+        self.bias = BiasTable(biases, at)
 
     def logit(self, i, c: int):
         """The logit of entry ``i`` with gain ``c`` (``vmi_mhc.tl.split_mixes.logit``)."""
-        return logit(self.at.load(self.x, i), self.gains[c], self.bias(i))
+        return logit(self.at.load(self.x, i), self.gains[c], self.bias[i])
 
 
 def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
@@ -227,7 +217,7 @@ def build_pre_split_mixes_bwd(spec: PreSplitMixesSpec, target: str):
             sh.copy(BASE[0], biases)
             # The row sums write the first NUM_PARTIALS columns; the rest stay +0.0.
             with sh.vector(SIMD):
-                sh.elementwise((PARTIAL_WIDTH,), _zero, partial)
+                sh.elementwise((PARTIAL_WIDTH,), zero, partial)
             for tile in sh.tiles([T.ceildiv(M, BT)], worker):
                 token0 = T.alloc_var("int32")
                 num_valid = T.alloc_var("int32")
@@ -270,7 +260,7 @@ def build_pre_split_mixes_bwd_reduce(spec: PreSplitMixesSpec, target: str):
                 parts = sh.tile((PR, W), "float32")
                 total = sh.tile((W,), "float32")
                 with sh.vector(SIMD):
-                    sh.elementwise((W,), _zero, total)
+                    sh.elementwise((W,), zero, total)
                 # The partial rows in order, PR at a time (one register per row).
                 for chunk in T.serial(T.ceildiv(NB, PR)):
                     num_rows = T.alloc_var("int32")

@@ -1,0 +1,30 @@
+"""Lane values the mHC kernels' per-token phases share: in SIMD regions one token per vector lane,
+elsewhere one token per thread or loop iteration (``at`` is the element position of
+``Shell.elementwise`` / ``Shell.rowwise``)."""
+
+from __future__ import annotations
+
+import tilelang.language as T
+
+from vmi_core.tl.simd import Vec, bitcast, keep
+from vmi_core.tl.vector import gather, load
+
+
+def zero(at):
+    """+0.0 in the lane(s) at ``at``."""
+    return Vec.splat(0.0, "float32") if at.vector else T.float32(0)
+
+
+class BiasTable:
+    """Entry ``i`` (an int or a loop variable) of an on-chip fp32 table of at most 64 biases, in
+    every lane of ``at``: in vector code a register gather from the table's first register (loaded
+    once), elsewhere the table entry."""
+
+    def __init__(self, biases, at):
+        self.biases, self.at = biases, at
+        self.register = keep(load(biases[0])) if at.vector else None
+
+    def __getitem__(self, i):
+        if self.at.vector:
+            return gather(self.register, bitcast(Vec.splat(i, "int32"), "uint32"))
+        return self.biases[i]
