@@ -12,9 +12,10 @@ Kernel specialisations: the fused kernel is specialised on ``(n·H, rms_eps, fla
 set uses ``H = 1280`` (two full hidden tiles and a 256-column tail) and ``rms_eps = 1e-6``, the
 reduce kernel's default specialisation in ``test_norm_fn``, so the chain's kernels are the ones the
 unfused ops' default tests compile: one fused kernel per flavor on cpu. Token counts 0, 1, 37 (a
-partial block) and 130 (two blocks and a tail) by default; 509, 1021 and 4096, other hidden sizes,
-``n_splits = 1`` on cpu and ascend-sim (against the reference and the chain) run under ``slow``:
-the Ascend lowering of this kernel alone takes about 10 s, more than the default run's budget.
+partial block) and 130 (two blocks and a tail) by default, and one ascend-sim run against the
+reference (37 tokens, one split: the Ascend lowering of this kernel alone takes about 10 s); 509,
+1021 and 4096 tokens, other hidden sizes, ``n_splits = 1`` on cpu and ascend-sim against the chain
+run under ``slow``.
 """
 
 from __future__ import annotations
@@ -121,7 +122,6 @@ def test_matches_unfused_chain(flavor: str) -> None:
     check(flavor, "cpu", TOKENS, (16,))
 
 
-@pytest.mark.slow
 def test_ascend_sim_matches_reference() -> None:
     check("ascend", "ascend-sim", (37,), (1,), chain=False)
 
