@@ -10,8 +10,6 @@ sweep and the forward (a copy) on ascend-sim run under ``slow``.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -156,7 +154,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.expand_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     for target in (None, "torch"):
         o = expand_to_mhc_fwd(torch.empty(0, 64, dtype=torch.bfloat16), torch.empty(0, 4, 64, dtype=torch.bfloat16),
                               target=target)

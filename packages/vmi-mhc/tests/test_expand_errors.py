@@ -21,7 +21,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    module = importlib.import_module("vmi_mhc.expand_parallel")
+    module = importlib.import_module("vmi_mhc.kernels.expand")
     monkeypatch.setattr(module, "launch_fwd", fail)
     monkeypatch.setattr(module, "launch_bwd", fail)
 

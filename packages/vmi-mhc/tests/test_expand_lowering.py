@@ -14,9 +14,9 @@ import pytest
 
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.expand_parallel import ExpandSpec, expand_bwd_source, expand_fwd_source
+from vmi_mhc.kernels.expand import ExpandSpec, build_expand_bwd, build_expand_fwd
 
-SOURCES = {"fwd": expand_fwd_source, "bwd": expand_bwd_source}
+SOURCES = {"fwd": build_expand_fwd.source, "bwd": build_expand_bwd.source}
 
 
 def _check_ascend(direction: str, n: int) -> None:
@@ -48,7 +48,7 @@ def test_ascend_kernels_other_stream_counts(direction, n):
 
 @pytest.mark.cuda_compile
 def test_cuda_backward_compiles():
-    src = expand_bwd_source(ExpandSpec(4), "cuda")
+    src = build_expand_bwd.source(ExpandSpec(4), "cuda")
     assert "__global__ void" in src and "expand_bwd_kernel" in src
     nvcc_compile_or_skip(src)
 
@@ -56,6 +56,6 @@ def test_cuda_backward_compiles():
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_forward_compiles():
-    src = expand_fwd_source(ExpandSpec(4), "cuda")
+    src = build_expand_fwd.source(ExpandSpec(4), "cuda")
     assert "__global__ void" in src and "expand_fwd_kernel" in src
     nvcc_compile_or_skip(src)

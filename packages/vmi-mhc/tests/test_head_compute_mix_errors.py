@@ -22,7 +22,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    module = importlib.import_module("vmi_mhc.head_compute_mix_parallel")
+    module = importlib.import_module("vmi_mhc.kernels.head_compute_mix")
     monkeypatch.setattr(module, "launch_fwd", fail)
     monkeypatch.setattr(module, "launch_bwd", fail)
 

@@ -18,16 +18,12 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.head_compute_mix_parallel import (
-    KERNEL_CONFIG,
+from vmi_mhc.kernels.head_compute_mix import (
     HeadComputeMixSpec,
     build_head_compute_mix_bwd,
     build_head_compute_mix_fwd,
-    head_compute_mix_bwd_source,
-    head_compute_mix_fwd_source,
 )
 
 ASCEND = HeadComputeMixSpec(4, "ascend")
@@ -35,7 +31,7 @@ CUDA = HeadComputeMixSpec(4, "cuda")
 
 
 def check_forward(spec):
-    src = head_compute_mix_fwd_source(spec, "ascend")
+    src = build_head_compute_mix_fwd.source(spec, "ascend")
     assert "__global__ __vector__ void head_compute_mix_fwd_kernel" in src
     assert "block_idx" in src
     regions = assert_vector_regions(src, simd=1, simt=0)
@@ -43,11 +39,11 @@ def check_forward(spec):
     # In: the biases, the input. Out: the mix.
     assert dma_counts(src) == (2, 1)
     assert "vexp" in src and "vdiv" in src
-    assert lower_ascend(build_head_compute_mix_fwd(spec, "ascend"), "ascend", **KERNEL_CONFIG).ub_bytes <= UB_BYTES
+    assert build_head_compute_mix_fwd.ascend_lowering(spec).ub_bytes <= UB_BYTES
 
 
 def check_backward(spec):
-    src = head_compute_mix_bwd_source(spec, "ascend")
+    src = build_head_compute_mix_bwd.source(spec, "ascend")
     assert "__global__ __vector__ void head_compute_mix_bwd_kernel" in src
     assert "block_idx" in src
     regions = assert_vector_regions(src, simd=3, simt=1)
@@ -56,7 +52,7 @@ def check_backward(spec):
     # In: the biases, the input, the output gradient. Out: the input gradient.
     assert dma_counts(src) == (3, 1)
     assert "vexp" in src and "vdiv" in src
-    assert lower_ascend(build_head_compute_mix_bwd(spec, "ascend"), "ascend", **KERNEL_CONFIG).ub_bytes <= UB_BYTES
+    assert build_head_compute_mix_bwd.ascend_lowering(spec).ub_bytes <= UB_BYTES
 
 
 def test_ascend_kernels():
@@ -74,7 +70,7 @@ def test_ascend_kernels_other_stream_counts(n):
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_kernels_compile():
-    for src, name in ((head_compute_mix_fwd_source(CUDA, "cuda"), "head_compute_mix_fwd_kernel"),
-                      (head_compute_mix_bwd_source(CUDA, "cuda"), "head_compute_mix_bwd_kernel")):
+    for src, name in ((build_head_compute_mix_fwd.source(CUDA, "cuda"), "head_compute_mix_fwd_kernel"),
+                      (build_head_compute_mix_bwd.source(CUDA, "cuda"), "head_compute_mix_bwd_kernel")):
         assert "__global__ void" in src and name in src
         nvcc_compile_or_skip(src)

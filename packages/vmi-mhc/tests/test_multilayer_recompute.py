@@ -14,16 +14,13 @@ sizes with several tiles and thousands of tokens run under ``slow``.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
 from vmi_core.testing import assert_bitwise_equal, randn
-from vmi_mhc.multilayer_recompute import mhc_multilayer_recompute
-from vmi_mhc.multilayer_recompute_parallel import mhc_multilayer_recompute_parallel
-from vmi_mhc.post import mhc_post_fwd
-from vmi_mhc.pre_apply_mix import mhc_pre_apply_mix_fwd
+from vmi_mhc.ops.multilayer_recompute import mhc_multilayer_recompute, mhc_multilayer_recompute_parallel
+from vmi_mhc.ops.post import mhc_post_fwd
+from vmi_mhc.ops.pre_apply_mix import mhc_pre_apply_mix_fwd
 from vmi_mhc.reference import multilayer_recompute as reference
 from vmi_mhc.reference.post import mhc_post_fwd as post_reference
 from vmi_mhc.reference.pre_apply_mix import mhc_pre_apply_mix_fwd as pre_apply_mix_reference
@@ -184,7 +181,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.multilayer_recompute_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     inputs = make_inputs(0, 256, 2, 2, 0)
     outputs = make_outputs(inputs)
     layer_inputs, residuals = mhc_multilayer_recompute(**inputs, **outputs)

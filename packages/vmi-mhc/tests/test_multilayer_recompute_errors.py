@@ -8,8 +8,7 @@ import importlib
 import pytest
 import torch
 
-from vmi_mhc.multilayer_recompute import mhc_multilayer_recompute
-from vmi_mhc.multilayer_recompute_parallel import mhc_multilayer_recompute_parallel
+from vmi_mhc.ops.multilayer_recompute import mhc_multilayer_recompute, mhc_multilayer_recompute_parallel
 
 T, N, H, L = 6, 4, 128, 3
 BF16 = torch.bfloat16
@@ -32,8 +31,8 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.multilayer_recompute_parallel"), "launch", fail)
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.pre_apply_mix_parallel"), "launch_fwd", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_mhc.kernels.multilayer_recompute"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_mhc.kernels.pre_apply_mix"), "launch_fwd", fail)
 
 
 def _item(name, layer, value):

@@ -13,22 +13,16 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.multilayer_recompute_parallel import (
-    KERNEL_CONFIG,
-    MultilayerRecomputeSpec,
-    build_multilayer_recompute,
-    multilayer_recompute_source,
-)
+from vmi_mhc.kernels.multilayer_recompute import MultilayerRecomputeSpec, build_multilayer_recompute
 
 # The default spec is the one test_multilayer_recompute runs on ascend-sim (its lowering is shared).
 DEFAULT = MultilayerRecomputeSpec(4, 1000, 1, 1, "ascend")
 
 
 def _check(spec):
-    src = multilayer_recompute_source(spec, "ascend")
+    src = build_multilayer_recompute.source(spec, "ascend")
     assert "__global__ __vector__ void multilayer_recompute_kernel" in src
     assert "block_idx" in src
     # Layer bodies: a pair of post layers in the loop when L_post >= 2, one more for an odd L_post,
@@ -53,14 +47,14 @@ def test_ascend():
                                   MultilayerRecomputeSpec(4, 96, 2, 1, "ascend")], ids=str)
 def test_ascend_more(spec):
     _check(spec)
-    lowering = lower_ascend(build_multilayer_recompute(spec, "ascend"), "ascend", **KERNEL_CONFIG)
+    lowering = build_multilayer_recompute.ascend_lowering(spec)
     assert lowering.ub_bytes <= UB_BYTES
 
 
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_compiles():
-    src = multilayer_recompute_source(MultilayerRecomputeSpec(4, 1000, 3, 2, "cuda"), "cuda")
+    src = build_multilayer_recompute.source(MultilayerRecomputeSpec(4, 1000, 3, 2, "cuda"), "cuda")
     assert "__global__ void" in src and "multilayer_recompute_kernel" in src
     assert barriers_in_thread_guards(src) == 0
     nvcc_compile_or_skip(src)

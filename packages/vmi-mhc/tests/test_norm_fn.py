@@ -16,20 +16,16 @@ under ``slow``.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
 from vmi_core.testing import assert_bitwise_equal, generator, randn, sim_schedule
-from vmi_mhc.norm_fn import (
+from vmi_mhc.ops.norm_fn import (
     mhc_fn_normw_merge_bwd,
+    mhc_fn_normw_merge_bwd_parallel,
     mhc_fn_normw_merge_fwd,
     mhc_reduce_partials_and_rmsnorm_bwd,
     mhc_reduce_partials_and_rmsnorm_fwd,
-)
-from vmi_mhc.norm_fn_parallel import (
-    mhc_fn_normw_merge_bwd_parallel,
     mhc_reduce_partials_and_rmsnorm_fwd_parallel,
 )
 from vmi_mhc.reference import norm_fn as reference
@@ -222,7 +218,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.norm_fn_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     for target in ("cpu", "torch"):
         out_mul, sqrsum, out = mhc_reduce_partials_and_rmsnorm_fwd(
             torch.empty(16, 0, 1, N3), torch.empty(16, 0, 1), torch.empty(0, 1, N3), torch.empty(0, 1),

@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from vmi_mhc.norm_fn import (
+from vmi_mhc.ops.norm_fn import (
     mhc_fn_normw_merge_bwd,
     mhc_fn_normw_merge_fwd,
     mhc_reduce_partials_and_rmsnorm_bwd,
@@ -30,7 +30,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    module = importlib.import_module("vmi_mhc.norm_fn_parallel")
+    module = importlib.import_module("vmi_mhc.kernels.norm_fn")
     for name in ("launch_merge_fwd", "launch_merge_bwd", "launch_reduce_fwd", "launch_reduce_bwd"):
         monkeypatch.setattr(module, name, fail)
 

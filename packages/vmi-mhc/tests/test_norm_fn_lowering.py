@@ -15,21 +15,16 @@ import re
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.norm_fn_parallel import (
-    KERNEL_CONFIG,
+from vmi_mhc.kernels.norm_fn import (
     MAX_MIX,
     MergeSpec,
     ReduceSpec,
     build_merge_bwd,
     build_merge_fwd,
+    build_reduce_bwd,
     build_reduce_fwd,
-    merge_bwd_source,
-    merge_fwd_source,
-    reduce_bwd_source,
-    reduce_fwd_source,
 )
 
 MERGE = MergeSpec(24)
@@ -50,8 +45,8 @@ def _ascend_common(src: str, name: str, simd: int, dma: tuple[int, int]) -> None
 def test_ascend_merge_kernels():
     # Forward: fn, normw in; out_fn out. Backward: fn, normw, out_fn_grad, fn_grad, normw_grad in;
     # fn_grad, normw_grad out. One SIMD region each.
-    _ascend_common(merge_fwd_source(MERGE, "ascend"), "fn_normw_merge_fwd_kernel", 1, (2, 1))
-    src = merge_bwd_source(MERGE, "ascend")
+    _ascend_common(build_merge_fwd.source(MERGE, "ascend"), "fn_normw_merge_fwd_kernel", 1, (2, 1))
+    src = build_merge_bwd.source(MERGE, "ascend")
     _ascend_common(src, "fn_normw_merge_bwd_kernel", 1, (5, 2))
     assert "vmula" in src
 
@@ -60,11 +55,11 @@ def test_ascend_reduce_kernels():
     # Forward: per split the partial products and square sums in; out_mul, sqrsum, out out; SIMD
     # regions: zeroing, the split sum, the RMS scale. Backward: g, out_mul, sqrsum in; the two
     # gradients out; one SIMD region.
-    src = reduce_fwd_source(REDUCE_ASCEND, "ascend")
+    src = build_reduce_fwd.source(REDUCE_ASCEND, "ascend")
     _ascend_common(src, "reduce_partials_and_rmsnorm_fwd_kernel", 3, (2, 3))
     for op in ("vmuls", "vsqrt", "vdiv", "vgather2", "vscatter"):
         assert op in src, op
-    src = reduce_bwd_source(REDUCE_ASCEND, "ascend")
+    src = build_reduce_bwd.source(REDUCE_ASCEND, "ascend")
     _ascend_common(src, "reduce_partials_and_rmsnorm_bwd_kernel", 1, (3, 2))
     assert "vmula" in src and src.count("vdiv") == 3
 
@@ -73,29 +68,29 @@ def test_ascend_reduce_kernels():
 def test_largest_tiles_fit_the_unified_buffer():
     for build, spec in ((build_merge_fwd, MergeSpec(MAX_MIX)), (build_merge_bwd, MergeSpec(MAX_MIX)),
                         (build_reduce_fwd, ReduceSpec(MAX_MIX, 4 * 7168, 1e-6, "ascend"))):
-        assert lower_ascend(build(spec, "ascend"), "ascend", **KERNEL_CONFIG).ub_bytes <= UB_BYTES
+        assert build.ascend_lowering(spec).ub_bytes <= UB_BYTES
 
 
 def test_cpu_rms_scale_is_not_contracted():
     # The ascend flavor's f32(f32(sq · f32(1/K)) + eps): a product, then a sum, separately rounded.
-    src = reduce_fwd_source(REDUCE_ASCEND, "cpu")
+    src = build_reduce_fwd.source(REDUCE_ASCEND, "cpu")
     assert "fmaf" not in src
     assert re.search(r"(\w+)\[0\] = \(\w+\[0\] \* ", src)
     assert "sqrtf" in src
-    assert len(re.findall(r"= fmaf\(", reduce_bwd_source(REDUCE_ASCEND, "cpu"))) == 1
+    assert len(re.findall(r"= fmaf\(", build_reduce_bwd.source(REDUCE_ASCEND, "cpu"))) == 1
 
 
 @pytest.mark.cuda_compile
 def test_cuda_reduce_kernels_compile():
-    src = reduce_bwd_source(REDUCE_CUDA, "cuda")
+    src = build_reduce_bwd.source(REDUCE_CUDA, "cuda")
     assert "__global__ void" in src and "reduce_partials_and_rmsnorm_bwd_kernel" in src
     nvcc_compile_or_skip(src)
 
 
 @pytest.mark.slow
 @pytest.mark.cuda_compile
-@pytest.mark.parametrize("source,spec", [(merge_fwd_source, MERGE), (merge_bwd_source, MERGE),
-                                         (reduce_fwd_source, REDUCE_CUDA)],
+@pytest.mark.parametrize("source,spec", [(build_merge_fwd.source, MERGE), (build_merge_bwd.source, MERGE),
+                                         (build_reduce_fwd.source, REDUCE_CUDA)],
                          ids=["merge_fwd", "merge_bwd", "reduce_fwd"])
 def test_cuda_kernels_compile_more(source, spec):
     nvcc_compile_or_skip(source(spec, "cuda"))

@@ -12,14 +12,11 @@ several threads on cpu; the hidden-size and token sweeps run under ``slow``.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
 from vmi_core.testing import assert_bitwise_equal, randn
-from vmi_mhc.post import mhc_post_bwd, mhc_post_fwd
-from vmi_mhc.post_parallel import mhc_post_bwd_parallel, mhc_post_fwd_parallel
+from vmi_mhc.ops.post import mhc_post_bwd, mhc_post_bwd_parallel, mhc_post_fwd, mhc_post_fwd_parallel
 from vmi_mhc.reference import post as reference
 
 N = 4
@@ -129,7 +126,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.post_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     inputs = make_inputs(0, 5, 256, 0)
     out = mhc_post_fwd(**inputs)
     assert out.shape == (0, 5, 4, 256) and out.dtype == torch.bfloat16

@@ -8,8 +8,7 @@ import importlib
 import pytest
 import torch
 
-from vmi_mhc.post import mhc_post_bwd, mhc_post_fwd
-from vmi_mhc.post_parallel import mhc_post_bwd_parallel, mhc_post_fwd_parallel
+from vmi_mhc.ops.post import mhc_post_bwd, mhc_post_bwd_parallel, mhc_post_fwd, mhc_post_fwd_parallel
 
 B, S, N, H = 2, 3, 4, 128
 X = torch.ones(B, S, H, dtype=torch.bfloat16)
@@ -24,7 +23,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    module = importlib.import_module("vmi_mhc.post_parallel")
+    module = importlib.import_module("vmi_mhc.kernels.post")
     monkeypatch.setattr(module, "launch_fwd", fail)
     monkeypatch.setattr(module, "launch_bwd", fail)
 

@@ -16,25 +16,16 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.post_parallel import (
-    KERNEL_CONFIG,
-    PostBackwardSpec,
-    PostForwardSpec,
-    build_post_bwd,
-    build_post_fwd,
-    post_bwd_source,
-    post_fwd_source,
-)
+from vmi_mhc.kernels.post import PostBackwardSpec, PostForwardSpec, build_post_bwd, build_post_fwd
 
 # The default specs are those test_post runs on ascend-sim (their lowering is shared).
 HIDDEN = 2600
 
 
 def _check_forward(spec):
-    src = post_fwd_source(spec, "ascend")
+    src = build_post_fwd.source(spec, "ascend")
     assert "__global__ __vector__ void post_fwd_kernel" in src
     assert "block_idx" in src
     # assert_vector_regions also fails on scalar UB accesses in a SIMD region and on a barrier
@@ -45,7 +36,7 @@ def _check_forward(spec):
 
 
 def _check_backward(spec):
-    src = post_bwd_source(spec, "ascend")
+    src = build_post_bwd.source(spec, "ascend")
     assert "__global__ __vector__ void post_bwd_kernel" in src
     assert "block_idx" in src
     assert_vector_regions(src, simd=3, simt=0)
@@ -66,7 +57,7 @@ def test_ascend_backward():
                          ids=str)
 def test_ascend_forward_more(spec):
     _check_forward(spec)
-    lowering = lower_ascend(build_post_fwd(spec, "ascend"), "ascend", **KERNEL_CONFIG)
+    lowering = build_post_fwd.ascend_lowering(spec)
     assert lowering.ub_bytes <= UB_BYTES
 
 
@@ -75,7 +66,7 @@ def test_ascend_forward_more(spec):
 def test_ascend_backward_more(hidden):
     spec = PostBackwardSpec(4, hidden)
     _check_backward(spec)
-    lowering = lower_ascend(build_post_bwd(spec, "ascend"), "ascend", **KERNEL_CONFIG)
+    lowering = build_post_bwd.ascend_lowering(spec)
     assert lowering.ub_bytes <= UB_BYTES
 
 
@@ -87,10 +78,10 @@ def _check_cuda(name, src):
 
 @pytest.mark.cuda_compile
 def test_cuda_backward_compiles():
-    _check_cuda("post_bwd_kernel", post_bwd_source(PostBackwardSpec(4, HIDDEN), "cuda"))
+    _check_cuda("post_bwd_kernel", build_post_bwd.source(PostBackwardSpec(4, HIDDEN), "cuda"))
 
 
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_forward_compiles():
-    _check_cuda("post_fwd_kernel", post_fwd_source(PostForwardSpec(4, HIDDEN), "cuda"))
+    _check_cuda("post_fwd_kernel", build_post_fwd.source(PostForwardSpec(4, HIDDEN), "cuda"))

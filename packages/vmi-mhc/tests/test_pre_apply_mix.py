@@ -12,8 +12,6 @@ hidden size, large token counts and the forward on ascend-sim run under ``slow``
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -24,7 +22,7 @@ from vmi_mhc import (
     mhc_pre_apply_mix_fwd,
     mhc_pre_apply_mix_fwd_parallel,
 )
-from vmi_mhc.pre_apply_mix_parallel import max_hidden
+from vmi_mhc.kernels.pre_apply_mix import max_hidden
 from vmi_mhc.reference import pre_apply_mix as reference
 
 TOKENS = (0, 1, 37)
@@ -240,7 +238,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.pre_apply_mix_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     x = torch.empty(0, 4, 64, dtype=torch.bfloat16)
     for target in (None, "torch"):
         o = mhc_pre_apply_mix_fwd(x, torch.empty(0, 4), torch.empty(0, 64, dtype=torch.bfloat16), target=target)

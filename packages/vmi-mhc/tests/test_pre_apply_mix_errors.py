@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vmi_mhc import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_bwd_parallel, mhc_pre_apply_mix_fwd
-from vmi_mhc.pre_apply_mix_parallel import max_hidden
+from vmi_mhc.kernels.pre_apply_mix import max_hidden
 
 X = torch.ones(8, 4, 64, dtype=torch.bfloat16)
 MIX = torch.full((8, 4), 0.25)
@@ -23,7 +23,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    module = importlib.import_module("vmi_mhc.pre_apply_mix_parallel")
+    module = importlib.import_module("vmi_mhc.kernels.pre_apply_mix")
     monkeypatch.setattr(module, "launch_fwd", fail)
     monkeypatch.setattr(module, "launch_bwd", fail)
 

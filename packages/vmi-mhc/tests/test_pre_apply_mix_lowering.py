@@ -15,17 +15,14 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.pre_apply_mix_parallel import (
-    KERNEL_CONFIG,
+from vmi_mhc.kernels.pre_apply_mix import (
     PreApplyMixBwdSpec,
     PreApplyMixFwdSpec,
     build_pre_apply_mix_bwd,
+    build_pre_apply_mix_fwd,
     max_hidden,
-    pre_apply_mix_bwd_source,
-    pre_apply_mix_fwd_source,
 )
 
 
@@ -40,7 +37,7 @@ def _check_common(src: str, name: str) -> None:
 
 @pytest.mark.parametrize("flavor", ["ascend"])
 def test_ascend_forward(flavor):
-    src = pre_apply_mix_fwd_source(PreApplyMixFwdSpec(4, flavor), "ascend")
+    src = build_pre_apply_mix_fwd.source(PreApplyMixFwdSpec(4, flavor), "ascend")
     _check_common(src, "pre_apply_mix_fwd_kernel")
     # In: the weights and the streams; out: the mixed row.
     assert dma_counts(src) == (2, 1)
@@ -52,12 +49,12 @@ def test_ascend_forward(flavor):
 @pytest.mark.slow
 def test_ascend_forward_cuda_flavor():
     # The cuda flavor's chain (every step fused) lowers too (only the cpu target can choose it).
-    src = pre_apply_mix_fwd_source(PreApplyMixFwdSpec(4, "cuda"), "ascend")
+    src = build_pre_apply_mix_fwd.source(PreApplyMixFwdSpec(4, "cuda"), "ascend")
     assert src.count("vmula(") >= 4
 
 
 def test_ascend_backward():
-    src = pre_apply_mix_bwd_source(PreApplyMixBwdSpec(4, 200), "ascend")
+    src = build_pre_apply_mix_bwd.source(PreApplyMixBwdSpec(4, 200), "ascend")
     _check_common(src, "pre_apply_mix_bwd_kernel")
     # In: o_grad, x, x_grad, the weights; out: x_grad, mix_grad.
     assert dma_counts(src) == (4, 2)
@@ -68,14 +65,13 @@ def test_ascend_backward():
 @pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 4, 16])
 def test_ascend_backward_fits_the_unified_buffer(n):
-    lowering = lower_ascend(build_pre_apply_mix_bwd(PreApplyMixBwdSpec(n, max_hidden(n)), "ascend"), "ascend",
-                            **KERNEL_CONFIG)
+    lowering = build_pre_apply_mix_bwd.ascend_lowering(PreApplyMixBwdSpec(n, max_hidden(n)))
     assert lowering.ub_bytes <= UB_BYTES
 
 
 @pytest.mark.cuda_compile
 def test_cuda_forward_compiles():
-    src = pre_apply_mix_fwd_source(PreApplyMixFwdSpec(4, "cuda"), "cuda")
+    src = build_pre_apply_mix_fwd.source(PreApplyMixFwdSpec(4, "cuda"), "cuda")
     assert "__global__ void" in src and "pre_apply_mix_fwd_kernel" in src
     # nvcc contracts nothing here: the chain's fused steps are explicit fmaf calls.
     assert src.count("fmaf(") >= 4
@@ -85,6 +81,6 @@ def test_cuda_forward_compiles():
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_backward_compiles():
-    src = pre_apply_mix_bwd_source(PreApplyMixBwdSpec(4, 200), "cuda")
+    src = build_pre_apply_mix_bwd.source(PreApplyMixBwdSpec(4, 200), "cuda")
     assert "__global__ void" in src and "pre_apply_mix_bwd_kernel" in src
     nvcc_compile_or_skip(src)

@@ -23,7 +23,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.pre_big_fuse_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_mhc.kernels.pre_big_fuse"), "launch", fail)
 
 
 def fwd(mul=MUL, sq=SQ, scale=SCALE, base=BASE, residual=RESIDUAL, post=None, comb=None, layer_input=None,

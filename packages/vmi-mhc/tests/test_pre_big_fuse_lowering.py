@@ -19,10 +19,9 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.pre_big_fuse_parallel import KERNEL_CONFIG, PreBigFuseSpec, build_pre_big_fuse, pre_big_fuse_source
+from vmi_mhc.kernels.pre_big_fuse import PreBigFuseSpec, build_pre_big_fuse
 
 ASCEND = PreBigFuseSpec(4 * 1280, 1e-6, "ascend")
 CUDA = PreBigFuseSpec(4 * 1280, 1e-6, "cuda")
@@ -30,7 +29,7 @@ CUDA = PreBigFuseSpec(4 * 1280, 1e-6, "cuda")
 
 @pytest.mark.slow
 def test_ascend_kernel():
-    src = pre_big_fuse_source(ASCEND, "ascend")
+    src = build_pre_big_fuse.source(ASCEND, "ascend")
     assert "__global__ __vector__ void pre_big_fuse_fwd_kernel" in src
     assert "block_idx" in src
     regions = assert_vector_regions(src, simd=4, simt=0)
@@ -39,13 +38,13 @@ def test_ascend_kernel():
     # In: biases, partial products, partial square sums, residual. Out: post, comb, layer input.
     assert dma_counts(src) == (4, 3)
     assert "vexp" in src and "vdiv" in src and "vgather2" in src and "vscatter" in src
-    lowering = lower_ascend(build_pre_big_fuse(ASCEND, "ascend"), "ascend", **KERNEL_CONFIG)
+    lowering = build_pre_big_fuse.ascend_lowering(ASCEND)
     assert lowering.ub_bytes <= UB_BYTES
 
 
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_kernel_compiles():
-    src = pre_big_fuse_source(CUDA, "cuda")
+    src = build_pre_big_fuse.source(CUDA, "cuda")
     assert "__global__ void" in src and "pre_big_fuse_fwd_kernel" in src
     nvcc_compile_or_skip(src)

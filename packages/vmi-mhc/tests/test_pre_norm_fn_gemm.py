@@ -21,8 +21,6 @@ wait, an NZ layout parameter): one by default, the others ``slow``.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -257,7 +255,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.pre_norm_fn_gemm_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     x, fn = forward_inputs(0, K_DEFAULT, MIX, 12)
     out_mul, sqrsum = mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=SPLITS, target="cpu")
     assert out_mul.shape == (SPLITS, 0, MIX) and sqrsum.shape == (SPLITS, 0)

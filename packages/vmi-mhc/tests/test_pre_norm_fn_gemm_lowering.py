@@ -19,13 +19,13 @@ import pytest
 
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.pre_norm_fn_gemm_parallel import (
+from vmi_mhc.kernels.pre_norm_fn_gemm import (
     ASCEND_AI_CORES,
     GemmSpec,
     Tf32SplitSpec,
-    gemm_bwd_source,
-    gemm_fwd_source,
-    tf32_split_source,
+    build_gemm_bwd,
+    build_gemm_fwd,
+    build_tf32_split,
 )
 
 FWD = GemmSpec(512, 24, 2)
@@ -39,7 +39,7 @@ def _persistent_over_ai_cores(src: str) -> bool:
 
 
 def test_ascend_forward():
-    src = gemm_fwd_source(FWD, "ascend")
+    src = build_gemm_fwd.source(FWD, "ascend")
     assert "__mix__(1, 2) void gemm_fwd_kernel" in src
     assert "if ASC_IS_AIC" in src and "if ASC_IS_AIV" in src
     assert _persistent_over_ai_cores(src)
@@ -54,7 +54,7 @@ def test_ascend_forward():
 
 
 def test_ascend_backward():
-    src = gemm_bwd_source(BWD, "ascend")
+    src = build_gemm_bwd.source(BWD, "ascend")
     assert "__mix__(1, 2) void gemm_bwd_kernel" in src
     assert _persistent_over_ai_cores(src)
     cube, vector = src.split("if ASC_IS_AIV")
@@ -71,7 +71,7 @@ def test_ascend_backward():
 
 
 def test_ascend_operand_kernel():
-    src = tf32_split_source(Tf32SplitSpec(), "ascend")
+    src = build_tf32_split.source(Tf32SplitSpec(), "ascend")
     assert "__global__ __vector__ void tf32_split_kernel" in src
     assert_vector_regions(src, simd=1, simt=0)
     assert dma_counts(src) == (1, 2)
@@ -79,7 +79,7 @@ def test_ascend_operand_kernel():
 
 @pytest.mark.cuda_compile
 def test_cuda_forward_compiles():
-    src = gemm_fwd_source(FWD, "cuda")
+    src = build_gemm_fwd.source(FWD, "cuda")
     assert "tl::mma_sync<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src
     nvcc_compile_or_skip(src)
 
@@ -87,7 +87,7 @@ def test_cuda_forward_compiles():
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_backward_compiles():
-    src = gemm_bwd_source(BWD, "cuda")
+    src = build_gemm_bwd.source(BWD, "cuda")
     assert "tl::mma_sync<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src
     nvcc_compile_or_skip(src)
 
@@ -95,13 +95,13 @@ def test_cuda_backward_compiles():
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_operand_kernel_compiles():
-    nvcc_compile_or_skip(tf32_split_source(Tf32SplitSpec(), "cuda"))
+    nvcc_compile_or_skip(build_tf32_split.source(Tf32SplitSpec(), "cuda"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", [GemmSpec(4 * 7168, 24, 16), GemmSpec(4 * 7168, 24, 1), GemmSpec(4 * 1280, 8, 4)],
                          ids=lambda s: f"K{s.hidden}-n3{s.mix}-S{s.n_splits}")
 def test_ascend_forward_more(spec):
-    src = gemm_fwd_source(spec, "ascend")
+    src = build_gemm_fwd.source(spec, "ascend")
     assert "ascend_gemm_l1<" in src and "asc_copy_l0c2gm" in src
     assert_vector_regions(src, simd=3, simt=0)

@@ -13,8 +13,6 @@ Inputs: normal mixes plus, in every 97th token, entries whose logits lie near -8
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -150,7 +148,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.pre_split_mixes_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     inputs = make_inputs(0, 0)
     for target in (None, "torch"):
         pre, post, comb = forward(inputs, target, None)

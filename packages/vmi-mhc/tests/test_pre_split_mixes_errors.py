@@ -23,7 +23,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    module = importlib.import_module("vmi_mhc.pre_split_mixes_parallel")
+    module = importlib.import_module("vmi_mhc.kernels.pre_split_mixes")
     monkeypatch.setattr(module, "launch_fwd", fail)
     monkeypatch.setattr(module, "launch_bwd", fail)
 

@@ -17,16 +17,14 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.pre_split_mixes_parallel import (
-    KERNEL_CONFIG,
+from vmi_mhc.kernels.pre_split_mixes import (
+    REDUCE_SPEC,
     PreSplitMixesSpec,
     build_pre_split_mixes_bwd,
-    pre_split_mixes_bwd_reduce_source,
-    pre_split_mixes_bwd_source,
-    pre_split_mixes_fwd_source,
+    build_pre_split_mixes_bwd_reduce,
+    build_pre_split_mixes_fwd,
 )
 
 ASCEND = PreSplitMixesSpec("ascend")
@@ -34,7 +32,7 @@ CUDA = PreSplitMixesSpec("cuda")
 
 
 def test_ascend_forward_kernel():
-    src = pre_split_mixes_fwd_source(ASCEND, "ascend")
+    src = build_pre_split_mixes_fwd.source(ASCEND, "ascend")
     assert "__global__ __vector__ void pre_split_mixes_fwd_kernel" in src
     assert "block_idx" in src
     assert_vector_regions(src, simd=1, simt=0)
@@ -45,16 +43,16 @@ def test_ascend_forward_kernel():
 
 
 def test_ascend_backward_kernels():
-    src = pre_split_mixes_bwd_source(ASCEND, "ascend")
+    src = build_pre_split_mixes_bwd.source(ASCEND, "ascend")
     assert "__global__ __vector__ void pre_split_mixes_bwd_kernel" in src
     assert "block_idx" in src
     assert_vector_regions(src, simd=2, simt=0)
     # In: the biases, the mixes, three gradients, the post mix. Out: the mix gradient, the partial row.
     assert dma_counts(src) == (6, 2)
     assert "vexp" in src and "vdiv" in src
-    lowering = lower_ascend(build_pre_split_mixes_bwd(ASCEND, "ascend"), "ascend", **KERNEL_CONFIG)
+    lowering = build_pre_split_mixes_bwd.ascend_lowering(ASCEND)
     assert lowering.ub_bytes <= UB_BYTES
-    src = pre_split_mixes_bwd_reduce_source("ascend")
+    src = build_pre_split_mixes_bwd_reduce.source(REDUCE_SPEC, "ascend")
     assert "__global__ __vector__ void pre_split_mixes_bwd_reduce_kernel" in src
     assert_vector_regions(src, simd=2, simt=1)
     assert barriers_in_thread_guards(src) == 0
@@ -63,7 +61,7 @@ def test_ascend_backward_kernels():
 
 @pytest.mark.cuda_compile
 def test_cuda_forward_kernel_compiles():
-    src = pre_split_mixes_fwd_source(CUDA, "cuda")
+    src = build_pre_split_mixes_fwd.source(CUDA, "cuda")
     assert "__global__ void" in src and "pre_split_mixes_fwd_kernel" in src
     nvcc_compile_or_skip(src)
 
@@ -71,7 +69,8 @@ def test_cuda_forward_kernel_compiles():
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_backward_kernels_compile():
-    for src, name in ((pre_split_mixes_bwd_source(CUDA, "cuda"), "pre_split_mixes_bwd_kernel"),
-                      (pre_split_mixes_bwd_reduce_source("cuda"), "pre_split_mixes_bwd_reduce_kernel")):
+    reduce = build_pre_split_mixes_bwd_reduce.source(REDUCE_SPEC, "cuda")
+    for src, name in ((build_pre_split_mixes_bwd.source(CUDA, "cuda"), "pre_split_mixes_bwd_kernel"),
+                      (reduce, "pre_split_mixes_bwd_reduce_kernel")):
         assert "__global__ void" in src and name in src
         nvcc_compile_or_skip(src)

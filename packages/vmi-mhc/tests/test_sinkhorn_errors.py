@@ -20,7 +20,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    parallel = importlib.import_module("vmi_mhc.sinkhorn_parallel")
+    parallel = importlib.import_module("vmi_mhc.kernels.sinkhorn")
     monkeypatch.setattr(parallel, "launch_forward", fail)
     monkeypatch.setattr(parallel, "launch_backward", fail)
 

@@ -15,13 +15,13 @@ import pytest
 
 from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.sinkhorn_parallel import SinkhornSpec, sinkhorn_backward_source, sinkhorn_forward_source
+from vmi_mhc.kernels.sinkhorn import SinkhornSpec, build_sinkhorn_backward, build_sinkhorn_forward
 from vmi_mhc.tl.sinkhorn import ENTRIES, N
 
 # (source, kernel name, (GM->UB, UB->GM) copies, gathered tiles)
 KERNELS = {
-    "forward": (sinkhorn_forward_source, "sinkhorn_forward_kernel", (1, 1), 1),
-    "backward": (sinkhorn_backward_source, "sinkhorn_backward_kernel", (2, 1), 2),
+    "forward": (build_sinkhorn_forward.source, "sinkhorn_forward_kernel", (1, 1), 1),
+    "backward": (build_sinkhorn_backward.source, "sinkhorn_backward_kernel", (2, 1), 2),
 }
 
 

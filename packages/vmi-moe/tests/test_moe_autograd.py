@@ -250,7 +250,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    for module in ("vmi_moe.moe_topk_gate_parallel", "vmi_moe.moe_topk_gate_backward_parallel"):
+    for module in ("vmi_moe.kernels.moe_topk_gate", "vmi_moe.kernels.moe_topk_gate_backward"):
         monkeypatch.setattr(importlib.import_module(module), "launch", fail)
 
 

@@ -31,7 +31,7 @@ def no_kernel(monkeypatch):
         raise AssertionError("a kernel was launched for bad input")
 
     # The package exports a function of the kernel module's name; fetch the module itself.
-    monkeypatch.setattr(importlib.import_module("vmi_moe.moe_topk_gate_backward_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_moe.kernels.moe_topk_gate_backward"), "launch", fail)
 
 
 def call(scores=S, topk_idx=IDX, topk_weights=W, grad_topk_weights=G, scale=1.5, **kwargs):

@@ -19,7 +19,7 @@ from vmi_core.source_checks import (
     dma_counts,
 )
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_moe.moe_topk_gate_backward_parallel import GateBackwardSpec, moe_topk_gate_backward_source
+from vmi_moe.kernels.moe_topk_gate_backward import GateBackwardSpec, build_moe_topk_gate_backward
 
 
 def spec_id(spec: GateBackwardSpec) -> str:
@@ -51,7 +51,7 @@ def check_ascend_source(src: str, spec: GateBackwardSpec) -> None:
 @pytest.mark.parametrize("aux", [False, True], ids=["noaux", "aux"])
 def test_ascend_lowering(aux: bool):
     spec = GateBackwardSpec(72, 6, "ascend", has_aux=aux)
-    check_ascend_source(moe_topk_gate_backward_source(spec, "ascend"), spec)
+    check_ascend_source(build_moe_topk_gate_backward.source(spec, "ascend"), spec)
 
 
 # Tile sizes 128, 32 and 16 rows; K = 1; and K large against E, where the index-pair,
@@ -64,11 +64,11 @@ ASCEND_FULL = [GateBackwardSpec(e, k, "ascend", aux)
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ASCEND_FULL, ids=spec_id)
 def test_ascend_lowering_full(spec: GateBackwardSpec):
-    check_ascend_source(moe_topk_gate_backward_source(spec, "ascend"), spec)
+    check_ascend_source(build_moe_topk_gate_backward.source(spec, "ascend"), spec)
 
 
 def check_cuda_source(spec: GateBackwardSpec) -> None:
-    src = moe_topk_gate_backward_source(spec, "cuda")
+    src = build_moe_topk_gate_backward.source(spec, "cuda")
     assert "__global__" in src and "moe_topk_gate_backward_kernel" in src
     assert barriers_in_thread_guards(src) == 0
     nvcc_compile_or_skip(src)

@@ -23,8 +23,8 @@ from vmi_moe import (
     topk_gate_parallel,
 )
 
-KERNEL_MODULES = ("vmi_moe.topk_gate_parallel", "vmi_moe.normalize_weight_parallel",
-                  "vmi_moe.moe_topk_gate_parallel")
+KERNEL_MODULES = ("vmi_moe.kernels.topk_gate", "vmi_moe.kernels.normalize_weight",
+                  "vmi_moe.kernels.moe_topk_gate")
 
 
 @pytest.fixture

@@ -23,9 +23,9 @@ from vmi_core.source_checks import (
 )
 from vmi_devkit.cases.moe_cases import GateCase, gate_spec
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_moe.moe_topk_gate_parallel import GateSpec, moe_topk_gate_source
-from vmi_moe.normalize_weight_parallel import NormalizeWeightSpec, normalize_weight_source
-from vmi_moe.topk_gate_parallel import TopkGateSpec, topk_gate_source
+from vmi_moe.kernels.moe_topk_gate import GateSpec, build_moe_topk_gate
+from vmi_moe.kernels.normalize_weight import NormalizeWeightSpec, build_normalize_weight
+from vmi_moe.kernels.topk_gate import TopkGateSpec, build_topk_gate
 
 
 def expected_dma(spec: GateSpec) -> tuple[int, int]:
@@ -63,29 +63,29 @@ NORMALIZE_ASCEND = [NormalizeWeightSpec(6, "ascend"), NormalizeWeightSpec(32, "a
 @pytest.mark.parametrize("case", GATE_ASCEND_PARAMS)
 def test_gate_ascend_lowering(case: GateCase) -> None:
     spec = gate_spec(case)
-    check_ascend(moe_topk_gate_source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
+    check_ascend(build_moe_topk_gate.source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
 
 
 @pytest.mark.parametrize("spec", TOPK_ASCEND, ids=lambda s: f"E{s.num_experts}-K{s.num_topk}")
 def test_topk_gate_ascend_lowering(spec: TopkGateSpec) -> None:
     # The scans in one SIMD region, the status word in one SIMT region.
-    check_ascend(topk_gate_source(spec, "ascend"), "topk_gate_kernel", (1, 1), regions=(1, 1))
+    check_ascend(build_topk_gate.source(spec, "ascend"), "topk_gate_kernel", (1, 1), regions=(1, 1))
 
 
 @pytest.mark.parametrize("spec", NORMALIZE_ASCEND, ids=lambda s: f"K{s.num_topk}")
 def test_normalize_weight_ascend_lowering(spec: NormalizeWeightSpec) -> None:
     # In: the weight rows; out: denominators and normalised rows.
-    check_ascend(normalize_weight_source(spec, "ascend"), "normalize_weight_kernel", (1, 2), regions=(1, 0))
+    check_ascend(build_normalize_weight.source(spec, "ascend"), "normalize_weight_kernel", (1, 2), regions=(1, 0))
 
 
 # One nvcc compile by default (the gate with every input); the other kernels' in the slow run.
 CUDA_CASES = [
-    pytest.param("topk_gate-E72-K6", lambda: topk_gate_source(TopkGateSpec(72, 6), "cuda"), "topk_gate_kernel",
+    pytest.param("topk_gate-E72-K6", lambda: build_topk_gate.source(TopkGateSpec(72, 6), "cuda"), "topk_gate_kernel",
                  id="topk_gate-E72-K6", marks=pytest.mark.slow),
-    pytest.param("normalize_weight-K8", lambda: normalize_weight_source(NormalizeWeightSpec(8, "cuda"), "cuda"),
+    pytest.param("normalize_weight-K8", lambda: build_normalize_weight.source(NormalizeWeightSpec(8, "cuda"), "cuda"),
                  "normalize_weight_kernel", id="normalize_weight-K8", marks=pytest.mark.slow),
-    pytest.param("gate-all",
-                 lambda: moe_topk_gate_source(gate_spec(GateCase(256, 8, S=2, dup=3, flavor="cuda", **ALL)), "cuda"),
+    pytest.param("gate-all", lambda: build_moe_topk_gate.source(
+                     gate_spec(GateCase(256, 8, S=2, dup=3, flavor="cuda", **ALL)), "cuda"),
                  "moe_topk_gate_kernel", id="gate-all"),
 ]
 
@@ -113,7 +113,7 @@ GATE_PRODUCT = [
 @pytest.mark.parametrize("case", GATE_PRODUCT, ids=lambda c: c.id)
 def test_gate_ascend_lowering_full(case: GateCase) -> None:
     spec = gate_spec(case)
-    check_ascend(moe_topk_gate_source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
+    check_ascend(build_moe_topk_gate.source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
 
 
 SIZES = [(16, 6), (36, 32), (72, 6), (144, 6), (256, 8), (384, 8), (500, 32)]
@@ -122,15 +122,15 @@ SIZES = [(16, 6), (36, 32), (72, 6), (144, 6), (256, 8), (384, 8), (500, 32)]
 @pytest.mark.slow
 @pytest.mark.parametrize(("E", "K"), SIZES, ids=[f"E{e}-K{k}" for e, k in SIZES])
 def test_sizes_ascend_lowering_full(E: int, K: int) -> None:
-    check_ascend(topk_gate_source(TopkGateSpec(E, K), "ascend"), "topk_gate_kernel", (1, 1), regions=(1, 1))
+    check_ascend(build_topk_gate.source(TopkGateSpec(E, K), "ascend"), "topk_gate_kernel", (1, 1), regions=(1, 1))
     spec = gate_spec(GateCase(E, min(K, 30), S=2, dup=2, **ALL))
-    check_ascend(moe_topk_gate_source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
+    check_ascend(build_moe_topk_gate.source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("K", [1, 2, 3, 7, 8, 9, 16, 17, 31, 32])
 def test_normalize_weight_ascend_lowering_full(K: int) -> None:
-    check_ascend(normalize_weight_source(NormalizeWeightSpec(K, "ascend"), "ascend"), "normalize_weight_kernel",
+    check_ascend(build_normalize_weight.source(NormalizeWeightSpec(K, "ascend"), "ascend"), "normalize_weight_kernel",
                  (1, 2), regions=(1, 0))
 
 
@@ -139,8 +139,8 @@ def test_normalize_weight_ascend_lowering_full(K: int) -> None:
 @pytest.mark.parametrize("case", [GateCase(**{**c.__dict__, "flavor": "cuda"}) for c in GATE_ASCEND]
                          + [GateCase(72, 1, S=1, dup=1, flavor="cuda", mask=True, force=True)], ids=lambda c: c.id)
 def test_gate_cuda_lowering_compiles_all(case: GateCase) -> None:
-    src = moe_topk_gate_source(gate_spec(case), "cuda")
+    src = build_moe_topk_gate.source(gate_spec(case), "cuda")
     nvcc_compile_or_skip(src)
-    src = normalize_weight_source(NormalizeWeightSpec(case.K, "cuda"), "cuda")
+    src = build_normalize_weight.source(NormalizeWeightSpec(case.K, "cuda"), "cuda")
     nvcc_compile(src)
-    nvcc_compile(topk_gate_source(TopkGateSpec(case.E, case.K), "cuda"))
+    nvcc_compile(build_topk_gate.source(TopkGateSpec(case.E, case.K), "cuda"))

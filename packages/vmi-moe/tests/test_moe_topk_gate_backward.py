@@ -165,7 +165,7 @@ def test_no_tokens_launch_nothing(monkeypatch) -> None:
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for zero tokens")
 
-    monkeypatch.setattr(importlib.import_module("vmi_moe.moe_topk_gate_backward_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_moe.kernels.moe_topk_gate_backward"), "launch", fail)
     empty = (torch.zeros(0, 72), torch.zeros(0, 6, dtype=torch.int64), torch.zeros(0, 6), torch.zeros(0, 6), SCALE)
     for aux in ({}, {"mask": torch.zeros(0, dtype=torch.bool), "grad_scores_sum": torch.zeros(2, 72)}):
         got = moe_topk_gate_backward(*empty, **aux, target="cpu")

@@ -23,7 +23,7 @@ from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.cases.moe_cases import FLAVORS, counts_on, flavor_targets
 from vmi_moe import normalize_weight, normalize_weight_parallel
-from vmi_moe.normalize_weight_parallel import BLOCK_M
+from vmi_moe.kernels.normalize_weight import BLOCK_M
 from vmi_moe.reference import normalize_weight as reference_normalize
 
 # K = 1, the gate's 6 and 8, 9 (butterfly lanes past 8), 32 (a full warp).

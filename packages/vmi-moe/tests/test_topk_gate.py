@@ -24,8 +24,8 @@ from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.cases.moe_cases import SIM, TARGETS, TIE_KINDS, counts_on, tie_expectations, token_counts, with_ties
 from vmi_moe import topk_gate, topk_gate_parallel
+from vmi_moe.kernels.topk_gate import TopkGateSpec
 from vmi_moe.reference import stable_topk
-from vmi_moe.topk_gate_parallel import TopkGateSpec
 
 # (E, K): the largest gate width, the widest resident row (16-row tiles), E not a multiple of
 # 8 or 32, K = 1 and K = 32.

@@ -13,8 +13,7 @@ import torch
 
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_quant import reference
-from vmi_quant.batched_transpose_weight_sf import batched_transpose_weight_sf
-from vmi_quant.batched_transpose_weight_sf_parallel import batched_transpose_weight_sf_parallel
+from vmi_quant.ops.batched_transpose_weight_sf import batched_transpose_weight_sf, batched_transpose_weight_sf_parallel
 
 # (n, k, G, transpose_sf1): the specification's weight list.
 FULL_WEIGHTS = [(128, 128, None, False), (384, 512, 2, True), (768, 1152, 3, False), (640, 1280, 1, True),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_quant.batched_transpose_weight_sf import batched_transpose_weight_sf
+from vmi_quant.ops.batched_transpose_weight_sf import batched_transpose_weight_sf
 
 # ascend-sim in the slow run: the default run checks its status word in test_batched_transpose_weight_sf.py.
 TARGETS = [None, pytest.param("ascend-sim", marks=pytest.mark.slow), "torch"]

@@ -12,13 +12,13 @@ import pytest
 
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.batched_transpose_weight_sf_parallel import TransposeSpec, batched_transpose_weight_sf_source
+from vmi_quant.kernels.batched_transpose_weight_sf import TransposeSpec, build_batched_transpose_weight_sf
 
 
 # Block 32 is the lowering the ascend-sim tests run; 128 is a kernel of its own.
 @pytest.mark.parametrize("block_size", [32, pytest.param(128, marks=pytest.mark.slow)])
 def test_ascend_lowering(block_size):
-    src = batched_transpose_weight_sf_source(TransposeSpec(block_size, 2), "ascend")
+    src = build_batched_transpose_weight_sf.source(TransposeSpec(block_size, 2), "ascend")
     assert "__global__ __vector__ void batched_transpose_weight_sf_kernel" in src
     regions = assert_vector_regions(src, simd=1, simt=1)
     assert all(r.vector_ops > 0 for r in regions if r.kind == "simd")
@@ -28,6 +28,6 @@ def test_ascend_lowering(block_size):
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("block_size", [128, pytest.param(32, marks=pytest.mark.slow)])
 def test_cuda_lowering_compiles(block_size):
-    src = batched_transpose_weight_sf_source(TransposeSpec(block_size, 4), "cuda")
+    src = build_batched_transpose_weight_sf.source(TransposeSpec(block_size, 4), "cuda")
     assert "__global__ void" in src and "batched_transpose_weight_sf_kernel" in src
     nvcc_compile_or_skip(src)

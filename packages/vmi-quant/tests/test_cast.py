@@ -26,11 +26,11 @@ from vmi_core.testing import (
     with_extremes,
 )
 from vmi_devkit.cases.cast_cases import CAST_PAIRS, DTYPES, SR_PAIRS
-from vmi_quant.cast import cast
-from vmi_quant.cast_parallel import BLOCK, CastSpec, cast_parallel, quad_base
+from vmi_quant.kernels.cast import BLOCK, CastSpec, quad_base
+from vmi_quant.ops.cast import cast, cast_parallel
 from vmi_quant.reference.elementwise import cast as reference_cast
 
-kernels = importlib.import_module("vmi_quant.cast_parallel")
+kernels = importlib.import_module("vmi_quant.kernels.cast")
 
 # Empty, a 0-d tensor, one element, one quad, a partial tile, a partial tile after 16 full ones, a 3-D
 # shape, and enough elements for the cpu launcher to split the work over threads.
@@ -176,7 +176,7 @@ def test_stochastic_counter_wraps_at_32_bits():
     assert quad_base(4 * 2**31) == -(2**31) and quad_base(4 * 2**32 + 8) == 2
     x = randn((4096,), 8)
     out = torch.empty(4096, dtype=torch.bfloat16)
-    kernels.cached_kernel(kernels.build_cast, spec, "cpu", **kernels._kernel_config(spec))(
+    kernels.build_cast.compiled(spec, "cpu")(
         x, out.view(torch.uint16), quad_base(start))
     counters = (start // 4 + torch.arange(1024, dtype=torch.int64)) & 0xFFFFFFFF
     want = stochastic_round(x, "bf16", random16(x, counters)).to(torch.bfloat16)

@@ -34,10 +34,9 @@ from vmi_devkit.cases.cast_cases import (
     sf_options,
 )
 from vmi_quant import per_token_cast, reference
-from vmi_quant.cast_back import cast_back, per_token_cast_back
-from vmi_quant.cast_back_parallel import cast_back_parallel, per_token_cast_back_parallel
+from vmi_quant.ops.cast_back import cast_back, cast_back_parallel, per_token_cast_back, per_token_cast_back_parallel
 
-kernels = importlib.import_module("vmi_quant.cast_back_parallel")
+kernels = importlib.import_module("vmi_quant.kernels.cast_back")
 
 # (num_tokens, hidden): empty, one token, tails of the 32-token and 128-channel tiles and of
 # the blocks, and enough tokens for the cpu launcher to split rows over threads.

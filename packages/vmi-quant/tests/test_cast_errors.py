@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from vmi_quant import reference
-from vmi_quant.cast import cast
-from vmi_quant.cast_back import cast_back, per_token_cast_back
-from vmi_quant.cast_back_parallel import cast_back_parallel, per_token_cast_back_parallel
-from vmi_quant.cast_parallel import cast_parallel
+from vmi_quant.ops.cast import cast, cast_parallel
+from vmi_quant.ops.cast_back import cast_back, cast_back_parallel, per_token_cast_back, per_token_cast_back_parallel
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +17,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    for module in ("vmi_quant.cast_parallel", "vmi_quant.cast_back_parallel"):
+    for module in ("vmi_quant.kernels.cast", "vmi_quant.kernels.cast_back"):
         monkeypatch.setattr(importlib.import_module(module), "launch", fail)
 
 

@@ -15,8 +15,8 @@ import pytest
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, CAST_SPECS, case_id, cast_back_spec
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.cast_back_parallel import cast_back_source
-from vmi_quant.cast_parallel import CastSpec, cast_source
+from vmi_quant.kernels.cast import CastSpec, build_cast
+from vmi_quant.kernels.cast_back import build_cast_back
 
 
 def _cast_id(spec: CastSpec) -> str:
@@ -25,7 +25,7 @@ def _cast_id(spec: CastSpec) -> str:
 
 @pytest.mark.parametrize("spec", CAST_SPECS, ids=_cast_id)
 def test_cast_ascend_lowering(spec):
-    src = cast_source(spec, "ascend")
+    src = build_cast.source(spec, "ascend")
     assert "__global__ __vector__ void cast_kernel" in src
     # Same format: DMA in, DMA out, nothing to compute. Otherwise one SIMD region (README table).
     assert_vector_regions(src, simd=0 if spec.copy_only else 1, simt=0)
@@ -49,7 +49,7 @@ ASCEND_CAST_BACK = [pytest.param(case, id=case_id(case), marks=[pytest.mark.slow
 @pytest.mark.parametrize("case", ASCEND_CAST_BACK)
 def test_cast_back_ascend_lowering(case):
     spec = cast_back_spec(*case)
-    src = cast_back_source(spec, "ascend")
+    src = build_cast_back.source(spec, "ascend")
     assert "__global__ __vector__ void cast_back_kernel" in src
     assert_vector_regions(src, **cast_back_regions(spec))
     assert dma_counts(src) == (1, 1), "one DMA in and one DMA out per work tile"
@@ -68,13 +68,13 @@ FULL_SPECS = [spec for spec in dict.fromkeys(cast_back_spec(*case) for case in C
                                                                     s.sf_layout.pack, s.sf_layout.col_major,
                                                                     (s.block_m, s.block_k))))
 def test_cast_back_ascend_lowering_full(spec):
-    assert_vector_regions(cast_back_source(spec, "ascend"), **cast_back_regions(spec))
+    assert_vector_regions(build_cast_back.source(spec, "ascend"), **cast_back_regions(spec))
 
 
 CUDA_CAST = [CastSpec("fp32", "e4m3", True), CastSpec("e4m3", "bf16"), CastSpec("bf16", "bf16")]
 CUDA_CAST_BACK = [CAST_BACK_COVERING[i] for i in (1, 2, 10)]
-CUDA_SOURCES = ([(_cast_id(s), lambda s=s: cast_source(s, "cuda"), "cast_kernel") for s in CUDA_CAST]
-                + [(case_id(c), lambda c=c: cast_back_source(cast_back_spec(*c), "cuda"), "cast_back_kernel")
+CUDA_SOURCES = ([(_cast_id(s), lambda s=s: build_cast.source(s, "cuda"), "cast_kernel") for s in CUDA_CAST]
+                + [(case_id(c), lambda c=c: build_cast_back.source(cast_back_spec(*c), "cuda"), "cast_back_kernel")
                    for c in CUDA_CAST_BACK])
 
 
@@ -86,8 +86,9 @@ def test_cuda_lowering_compiles(name, source, kernel):
     nvcc_compile_or_skip(src)
 
 
-ALL_CUDA = ([(_cast_id(s), lambda s=s: cast_source(s, "cuda")) for s in CAST_SPECS]
-            + [(case_id(c), lambda c=c: cast_back_source(cast_back_spec(*c), "cuda")) for c in CAST_BACK_COVERING])
+ALL_CUDA = ([(_cast_id(s), lambda s=s: build_cast.source(s, "cuda")) for s in CAST_SPECS]
+            + [(case_id(c), lambda c=c: build_cast_back.source(cast_back_spec(*c), "cuda"))
+               for c in CAST_BACK_COVERING])
 
 
 @pytest.mark.slow

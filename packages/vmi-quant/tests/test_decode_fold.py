@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from vmi_core.registry import discover
-from vmi_quant.cast_back import cast_back
-from vmi_quant.per_token_cast import per_token_cast
-from vmi_quant.per_token_cast_and_cast_back import per_token_cast_and_cast_back
+from vmi_quant.ops.cast_back import cast_back
+from vmi_quant.ops.per_token_cast import per_token_cast
+from vmi_quant.ops.per_token_cast_and_cast_back import per_token_cast_and_cast_back
 
 OPS = discover()
 HIDDEN = 512  # four 128-wide pieces per token
@@ -58,7 +58,7 @@ PTC_CASES = [
 @pytest.mark.parametrize("options", PTC_CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
 @pytest.mark.parametrize("tokens", [1, 5, 31])
 def test_per_token_cast_decode_fold(monkeypatch, options, tokens, flavor):
-    launched = _folds("vmi_quant.per_token_cast_parallel", monkeypatch)
+    launched = _folds("vmi_quant.kernels.per_token_cast", monkeypatch)
     _check("per_token_cast", options, tokens, flavor)
     packed_words = 2 if flavor == "ascend" else 4
     groups_per_piece = 128 // options.get("num_per_channels", 32)
@@ -68,13 +68,13 @@ def test_per_token_cast_decode_fold(monkeypatch, options, tokens, flavor):
 
 @pytest.mark.parametrize("options", [{"stochastic_cast": True}, {"use_tma_aligned_col_major_sf": True}])
 def test_per_token_cast_does_not_fold_what_depends_on_columns_or_layout(monkeypatch, options):
-    launched = _folds("vmi_quant.per_token_cast_parallel", monkeypatch)
+    launched = _folds("vmi_quant.kernels.per_token_cast", monkeypatch)
     _check("per_token_cast", options, 3, "ascend")
     assert launched == [3]
 
 
 def test_per_token_cast_does_not_fold_strided_rows(monkeypatch):
-    launched = _folds("vmi_quant.per_token_cast_parallel", monkeypatch)
+    launched = _folds("vmi_quant.kernels.per_token_cast", monkeypatch)
     x = torch.randn(3, 2 * HIDDEN, dtype=torch.bfloat16)[:, :HIDDEN]
     got = per_token_cast(x, "e4m3", 32, target="cpu")
     want = per_token_cast(x, "e4m3", 32, target="torch")
@@ -87,7 +87,7 @@ def test_per_token_cast_does_not_fold_strided_rows(monkeypatch):
                                      {"round_sf": True, "use_packed_ue8m0": True}])
 @pytest.mark.parametrize("tokens", [1, 7])
 def test_cast_back_decode_fold(monkeypatch, options, tokens):
-    launched = _folds("vmi_quant.cast_back_parallel", monkeypatch)
+    launched = _folds("vmi_quant.kernels.cast_back", monkeypatch)
     _check("cast_back", options, tokens, "ascend")
     assert launched == [tokens * HIDDEN // 128]
 
@@ -95,7 +95,7 @@ def test_cast_back_decode_fold(monkeypatch, options, tokens):
 @pytest.mark.parametrize("options", [{}, {"fmt": "e2m1", "num_per_channels": 16}, {"in_dtype": "fp32"}])
 @pytest.mark.parametrize("tokens", [1, 9])
 def test_per_token_cast_and_cast_back_decode_fold(monkeypatch, options, tokens):
-    launched = _folds("vmi_quant.per_token_cast_and_cast_back_parallel", monkeypatch)
+    launched = _folds("vmi_quant.kernels.per_token_cast_and_cast_back", monkeypatch)
     _check("per_token_cast_and_cast_back", options, tokens, "ascend")
     assert launched == [tokens * HIDDEN // 128]
 

@@ -511,7 +511,7 @@ def test_lossless_fp32_sf_must_be_a_normal_power_of_two(target, monkeypatch):
     def no_kernel(*args, **kwargs):
         raise AssertionError("a kernel ran")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.per_block_cast_lossless_parallel"), "launch", no_kernel)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_block_cast_lossless"), "launch", no_kernel)
     for value, reason in BAD_SF:
         bad = sf.clone()
         bad[70, 5] = value

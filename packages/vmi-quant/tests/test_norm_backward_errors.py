@@ -8,8 +8,7 @@ import importlib
 import pytest
 import torch
 
-from vmi_quant.norm_backward import norm_backward
-from vmi_quant.norm_backward_parallel import norm_backward_parallel
+from vmi_quant.ops.norm_backward import norm_backward, norm_backward_parallel
 
 X = torch.ones(8, 256, dtype=torch.bfloat16)
 G = torch.ones(8, 256, dtype=torch.bfloat16)
@@ -23,7 +22,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.norm_backward_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.norm_backward"), "launch", fail)
 
 
 def _wide(rows, cols, dtype=torch.bfloat16):

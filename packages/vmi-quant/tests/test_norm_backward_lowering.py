@@ -15,16 +15,13 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.compile import lower_ascend
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.norm_backward_parallel import (
-    KERNEL_CONFIG,
+from vmi_quant.kernels.norm_backward import (
     NormBackwardSpec,
     WeightGradReduceSpec,
     build_norm_backward,
-    norm_backward_source,
-    weight_grad_reduce_source,
+    build_weight_grad_reduce,
 )
 
 # (x dtype, H, weight, residual_out_grad, out_scale, flavor): a register tail with every input;
@@ -44,7 +41,7 @@ def _id(spec) -> str:
 
 
 def _check_ascend_row_kernel(spec):
-    src = norm_backward_source(spec, "ascend")
+    src = build_norm_backward.source(spec, "ascend")
     assert "__global__ __vector__ void norm_backward_kernel" in src
     assert "block_idx" in src
     # assert_vector_regions also fails on scalar UB accesses in a SIMD region and on a barrier
@@ -64,13 +61,13 @@ def test_ascend_row_kernel(spec):
 def test_ascend_row_kernel_more(spec):
     _check_ascend_row_kernel(spec)
     # The largest tiles (fp32, H 8192, every input) fit the vector core's unified buffer.
-    lowering = lower_ascend(build_norm_backward(spec, "ascend"), "ascend", **KERNEL_CONFIG)
+    lowering = build_norm_backward.ascend_lowering(spec)
     assert lowering.ub_bytes <= UB_BYTES
 
 
 @pytest.mark.parametrize("spec", REDUCE_SPECS + MORE_REDUCE_SPECS, ids=_id)
 def test_ascend_reduction_kernel(spec):
-    src = weight_grad_reduce_source(spec, "ascend")
+    src = build_weight_grad_reduce.source(spec, "ascend")
     assert "__global__ __vector__ void weight_grad_reduce_kernel" in src
     assert "block_idx" in src
     assert_vector_regions(src, simd=3, simt=0)
@@ -80,7 +77,7 @@ def test_ascend_reduction_kernel(spec):
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("spec", CUDA_ROW_SPECS, ids=_id)
 def test_cuda_row_kernel_compiles(spec):
-    src = norm_backward_source(spec, "cuda")
+    src = build_norm_backward.source(spec, "cuda")
     assert "__global__ void" in src and "norm_backward_kernel" in src
     nvcc_compile_or_skip(src)
 
@@ -89,13 +86,13 @@ def test_cuda_row_kernel_compiles(spec):
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("spec", MORE_CUDA_ROW_SPECS, ids=_id)
 def test_cuda_row_kernel_compiles_more(spec):
-    nvcc_compile_or_skip(norm_backward_source(spec, "cuda"))
+    nvcc_compile_or_skip(build_norm_backward.source(spec, "cuda"))
 
 
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("spec", REDUCE_SPECS + MORE_REDUCE_SPECS, ids=_id)
 def test_cuda_reduction_kernel_compiles(spec):
-    src = weight_grad_reduce_source(spec, "cuda")
+    src = build_weight_grad_reduce.source(spec, "cuda")
     assert "__global__ void" in src and "weight_grad_reduce_kernel" in src
     nvcc_compile_or_skip(src)

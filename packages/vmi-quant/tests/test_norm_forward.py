@@ -13,15 +13,18 @@ within the spec's tolerances.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_quant import reference
-from vmi_quant.norm_forward import NORM_FORWARD, norm_forward, norm_forward_and_per_token_cast
-from vmi_quant.norm_forward_parallel import norm_forward_and_per_token_cast_parallel, norm_forward_parallel
+from vmi_quant.ops.norm_forward import (
+    NORM_FORWARD,
+    norm_forward,
+    norm_forward_and_per_token_cast,
+    norm_forward_and_per_token_cast_parallel,
+    norm_forward_parallel,
+)
 from vmi_quant.reference.norm import mega_moe_rows, mega_moe_window
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -306,7 +309,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for B * T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.norm_forward_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     x = torch.empty(2, 0, 256, dtype=torch.bfloat16)
     out, rstd, norm_input = norm_forward(x, None, EPS)
     assert out.shape == x.shape and rstd.shape == (2, 0) and norm_input is x

@@ -8,7 +8,7 @@ import importlib
 import pytest
 import torch
 
-from vmi_quant.norm_forward import norm_forward, norm_forward_and_per_token_cast
+from vmi_quant.ops.norm_forward import norm_forward, norm_forward_and_per_token_cast
 
 
 @pytest.fixture(autouse=True)
@@ -16,7 +16,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.norm_forward_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.norm_forward"), "launch", fail)
 
 
 X = torch.ones(64, 256, dtype=torch.bfloat16)

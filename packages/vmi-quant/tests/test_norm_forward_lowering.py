@@ -18,8 +18,8 @@ import pytest
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.norm_forward import make_spec
-from vmi_quant.norm_forward_parallel import norm_forward_source
+from vmi_quant.kernels.norm_forward import build_norm_forward
+from vmi_quant.ops.norm_forward import make_spec
 
 EPS = 1e-6
 # name -> (dtype, hidden, weight, residual, out_scale, cast options or None). The first two are
@@ -43,7 +43,7 @@ def _spec(name, flavor="ascend"):
 
 def _check_ascend(name):
     spec = _spec(name)
-    src = norm_forward_source(spec, "ascend")
+    src = build_norm_forward.source(spec, "ascend")
     assert "__global__ __vector__ void norm_forward_kernel" in src
     # assert_vector_regions also fails on a barrier inside a thread-guarded branch.
     regions = assert_vector_regions(src, simd=1, simt=int(spec.quant is not None))
@@ -77,7 +77,7 @@ def test_ascend_lowering_full(name):
 
 
 def _check_cuda(name):
-    src = norm_forward_source(_spec(name, "cuda"), "cuda")
+    src = build_norm_forward.source(_spec(name, "cuda"), "cuda")
     assert "__global__ void" in src and "norm_forward_kernel" in src
     nvcc_compile_or_skip(src)
 

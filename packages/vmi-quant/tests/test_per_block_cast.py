@@ -24,8 +24,12 @@ from vmi_core.testing import (
 )
 from vmi_devkit.cases.pbc_cases import COVERING, DTYPES, FULL, SIM_COVERING, SIM_FULL, case_id, sf_options
 from vmi_quant import reference
-from vmi_quant.per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
-from vmi_quant.per_block_cast_parallel import per_block_cast_parallel
+from vmi_quant.ops.per_block_cast import (
+    per_block_cast,
+    per_block_cast_parallel,
+    per_block_cast_with_precomputed_sf,
+    per_block_cast_with_sf_only,
+)
 
 # (num_tokens, hidden): empty, one and several block rows, and 3 or 5 128-column tiles, so
 # that packed SF rows end in unused bytes (K/bk = 3 or 5 exponents per row).

@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from vmi_quant import reference
-from vmi_quant.per_block_cast import per_block_cast, per_block_cast_with_precomputed_sf, per_block_cast_with_sf_only
-from vmi_quant.per_block_cast_parallel import per_block_cast_parallel
+from vmi_quant.ops.per_block_cast import (
+    per_block_cast,
+    per_block_cast_parallel,
+    per_block_cast_with_precomputed_sf,
+    per_block_cast_with_sf_only,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -18,7 +22,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.per_block_cast_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_block_cast"), "launch", fail)
 
 
 X = torch.zeros(128, 256, dtype=torch.bfloat16)

@@ -16,8 +16,7 @@ import torch
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.cases.pbcl_cases import COVERING, FULL, SIM_COVERING, SIM_FULL, case_id, sf_options
 from vmi_quant import reference
-from vmi_quant.per_block_cast_lossless import per_block_cast_lossless
-from vmi_quant.per_block_cast_lossless_parallel import per_block_cast_lossless_parallel
+from vmi_quant.ops.per_block_cast_lossless import per_block_cast_lossless, per_block_cast_lossless_parallel
 from vmi_quant.reference.lossless import per_block_cast_lossless as reference_lossless
 
 # (num_tokens, hidden): empty, and 1, 3 or 5 128-column tiles (packed SF rows with unused bytes).

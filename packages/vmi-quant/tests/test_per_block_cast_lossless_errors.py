@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vmi_quant import reference
-from vmi_quant.per_block_cast_lossless import per_block_cast_lossless
+from vmi_quant.ops.per_block_cast_lossless import per_block_cast_lossless
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +17,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.per_block_cast_lossless_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_block_cast_lossless"), "launch", fail)
 
 
 QX = reference.cast(torch.ones(128, 256), "e2m1", (1, 32), round_sf=True)

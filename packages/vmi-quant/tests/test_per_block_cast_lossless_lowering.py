@@ -15,8 +15,8 @@ from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_devkit.cases.pbcl_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.per_block_cast_lossless import make_spec
-from vmi_quant.per_block_cast_lossless_parallel import per_block_cast_lossless_source
+from vmi_quant.kernels.per_block_cast_lossless import build_per_block_cast_lossless
+from vmi_quant.ops.per_block_cast_lossless import make_spec
 
 
 def _layout(flavor, sf_mode, block_k):
@@ -29,7 +29,7 @@ def _spec(x_block, x_mode, out_block, out_mode, flavor):
 
 
 def _check_ascend(case):
-    src = per_block_cast_lossless_source(_spec(*case), "ascend")
+    src = build_per_block_cast_lossless.source(_spec(*case), "ascend")
     assert "__global__ __vector__ void per_block_cast_lossless_kernel" in src
     # Exponent gathers and scatters in one SIMT region, the rescale in one SIMD region.
     assert_vector_regions(src, simd=1, simt=1)
@@ -49,7 +49,7 @@ def test_ascend_lowering_all(case):
 
 
 def _check_cuda(case):
-    src = per_block_cast_lossless_source(_spec(*case), "cuda")
+    src = build_per_block_cast_lossless.source(_spec(*case), "cuda")
     assert "__global__ void" in src and "per_block_cast_lossless_kernel" in src
     nvcc_compile_or_skip(src)
 

@@ -15,8 +15,8 @@ from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_devkit.cases.pbc_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.per_block_cast import make_spec
-from vmi_quant.per_block_cast_parallel import per_block_cast_source
+from vmi_quant.kernels.per_block_cast import build_per_block_cast
+from vmi_quant.ops.per_block_cast import make_spec
 
 
 def _spec(in_dtype, fmt, block, sf_mode, col_major, flavor, mode="cast"):
@@ -26,7 +26,7 @@ def _spec(in_dtype, fmt, block, sf_mode, col_major, flavor, mode="cast"):
 
 
 def _check_ascend(spec):
-    src = per_block_cast_source(spec, "ascend")
+    src = build_per_block_cast.source(spec, "ascend")
     assert "__global__ __vector__ void per_block_cast_kernel" in src
     assert_vector_regions(src, simd=1, simt=1)
     assert dma_counts(src) == (1, 0 if spec.mode == "sf_only" else 1)
@@ -56,7 +56,7 @@ def test_ascend_lowering_full(case):
 
 
 def _check_cuda(spec):
-    src = per_block_cast_source(spec, "cuda")
+    src = build_per_block_cast.source(spec, "cuda")
     assert "__global__ void" in src and "per_block_cast_kernel" in src
     nvcc_compile_or_skip(src)
 

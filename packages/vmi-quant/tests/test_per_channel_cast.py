@@ -10,8 +10,6 @@ all of them under ``slow``. Data and SF are compared with dtype, shape and strid
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -27,8 +25,7 @@ from vmi_core.testing import (
 )
 from vmi_devkit.cases.pcc_cases import COVERING, FULL, IN_SF, SIM_COVERING, SIM_FULL, case_id, out_options
 from vmi_quant import reference
-from vmi_quant.per_channel_cast import per_channel_cast
-from vmi_quant.per_channel_cast_parallel import per_channel_cast_parallel
+from vmi_quant.ops.per_channel_cast import per_channel_cast, per_channel_cast_parallel
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # (tokens, hidden): empty; one 128-token tile; 3 tiles of tokens (npt 128: 3 blocks, so packed
@@ -169,7 +166,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for T == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.per_channel_cast_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     data, sf = per_channel_cast(torch.empty(0, 256, dtype=torch.bfloat16), "e4m3", 32, round_sf=True,
                                 use_packed_ue8m0=True, flavor="cuda")
     assert data.shape == (0, 256) and data.dtype == torch.float8_e4m3fn

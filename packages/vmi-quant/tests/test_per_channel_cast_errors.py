@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from vmi_quant import reference
-from vmi_quant.per_channel_cast import per_channel_cast
-from vmi_quant.per_channel_cast_parallel import per_channel_cast_parallel
+from vmi_quant.ops.per_channel_cast import per_channel_cast, per_channel_cast_parallel
 
 
 @pytest.fixture(autouse=True)
@@ -18,7 +17,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.per_channel_cast_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_channel_cast"), "launch", fail)
 
 
 X = torch.zeros(128, 256, dtype=torch.bfloat16)

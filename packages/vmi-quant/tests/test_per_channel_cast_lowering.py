@@ -17,8 +17,8 @@ from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_devkit.cases.pcc_cases import COVERING, CUDA_LOWERING, IN_SF, LOWERING, OUT_SF, case_id
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.per_channel_cast import make_spec
-from vmi_quant.per_channel_cast_parallel import per_channel_cast_source
+from vmi_quant.kernels.per_channel_cast import build_per_channel_cast
+from vmi_quant.ops.per_channel_cast import make_spec
 
 
 def _spec(in_dtype, npc, in_sf, npt, out_sf, flavor):
@@ -35,7 +35,7 @@ def _spec(in_dtype, npc, in_sf, npt, out_sf, flavor):
 
 def _check_ascend(case):
     spec = _spec(*case)
-    src = per_channel_cast_source(spec, "ascend")
+    src = build_per_channel_cast.source(spec, "ascend")
     assert "__global__ __vector__ void per_channel_cast_kernel" in src
     packed = spec.sf_layout.kind == "ue8m0"
     # assert_vector_regions also fails on a barrier inside a thread-guarded branch.
@@ -57,7 +57,7 @@ def test_ascend_lowering_full(case):
 
 
 def _check_cuda(case):
-    src = per_channel_cast_source(_spec(*case), "cuda")
+    src = build_per_channel_cast.source(_spec(*case), "cuda")
     assert "__global__ void" in src and "per_channel_cast_kernel" in src
     nvcc_compile_or_skip(src)
 

@@ -24,8 +24,10 @@ from vmi_core.testing import (
 )
 from vmi_devkit.cases.ptccb_cases import COVERING, DTYPES, FULL, SF_MODES, SIM_COVERING, SIM_FULL, hidden_unit
 from vmi_quant import reference
-from vmi_quant.per_token_cast_and_cast_back import per_token_cast_and_cast_back
-from vmi_quant.per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_parallel
+from vmi_quant.ops.per_token_cast_and_cast_back import (
+    per_token_cast_and_cast_back,
+    per_token_cast_and_cast_back_parallel,
+)
 
 # (num_tokens, hidden in units of hidden_unit(npc)): empty, one token, tails of the 32-token
 # tile, partial 128-column tiles (npc <= 64), and enough tokens to split across CPU threads.

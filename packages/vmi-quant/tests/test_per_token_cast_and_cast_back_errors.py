@@ -8,8 +8,10 @@ import importlib
 import pytest
 import torch
 
-from vmi_quant.per_token_cast_and_cast_back import per_token_cast_and_cast_back
-from vmi_quant.per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_parallel
+from vmi_quant.ops.per_token_cast_and_cast_back import (
+    per_token_cast_and_cast_back,
+    per_token_cast_and_cast_back_parallel,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +19,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.per_token_cast_and_cast_back_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_token_cast_and_cast_back"), "launch", fail)
 
 
 X = torch.ones(4, 128, dtype=torch.bfloat16)

@@ -12,8 +12,8 @@ import pytest
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.ptccb_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.per_token_cast_and_cast_back import make_spec
-from vmi_quant.per_token_cast_and_cast_back_parallel import per_token_cast_and_cast_back_source
+from vmi_quant.kernels.per_token_cast_and_cast_back import build_per_token_cast_and_cast_back
+from vmi_quant.ops.per_token_cast_and_cast_back import make_spec
 
 
 def _spec(in_dtype, fmt, npc, sf_mode):
@@ -21,7 +21,7 @@ def _spec(in_dtype, fmt, npc, sf_mode):
 
 
 def _check_ascend(case):
-    src = per_token_cast_and_cast_back_source(_spec(*case), "ascend")
+    src = build_per_token_cast_and_cast_back.source(_spec(*case), "ascend")
     assert "__global__ __vector__ void per_token_cast_and_cast_back_kernel" in src
     assert_vector_regions(src, simd=1, simt=0)
     # One tile in, the same tile back out, in place.
@@ -41,7 +41,7 @@ def test_ascend_lowering_full(case):
 
 
 def _check_cuda(case):
-    src = per_token_cast_and_cast_back_source(_spec(*case), "cuda")
+    src = build_per_token_cast_and_cast_back.source(_spec(*case), "cuda")
     assert "__global__ void" in src and "per_token_cast_and_cast_back_kernel" in src
     nvcc_compile_or_skip(src)
 

@@ -22,7 +22,7 @@ def no_kernel(monkeypatch):
         raise AssertionError("a kernel was launched for bad input")
 
     # The package exports a function of the kernel module's name; fetch the module itself.
-    monkeypatch.setattr(importlib.import_module("vmi_quant.per_token_cast_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_token_cast"), "launch", fail)
 
 
 X = torch.zeros(4, 128, dtype=torch.bfloat16)

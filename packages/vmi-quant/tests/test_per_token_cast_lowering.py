@@ -16,8 +16,8 @@ from vmi_core.source_checks import assert_vector_regions, cpu_vectorized_loops, 
 from vmi_core.targets import get_flavor
 from vmi_devkit.cases.ptc_cases import COVERING, FULL, SF_MODES
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.per_token_cast import make_spec
-from vmi_quant.per_token_cast_parallel import QuantInput, per_token_cast_source
+from vmi_quant.kernels.per_token_cast import QuantInput, build_per_token_cast
+from vmi_quant.ops.per_token_cast import make_spec
 
 
 def _spec(in_dtype, fmt, npc, sf_mode, col_major, flavor, mode="cast", stochastic=False, quant_input=None):
@@ -62,7 +62,7 @@ ASCEND_PARAMS = [pytest.param(name, spec, id=name, marks=[] if name in DEFAULT_A
 
 @pytest.mark.parametrize("name,spec", ASCEND_PARAMS)
 def test_ascend_lowering(name, spec):
-    src = per_token_cast_source(spec, "ascend")
+    src = build_per_token_cast.source(spec, "ascend")
     assert "__global__ __vector__ void per_token_cast_kernel" in src
     assert_vector_regions(src, **expected_regions(spec))
     gm_to_ub, ub_to_gm = dma_counts(src)
@@ -83,7 +83,7 @@ ASCEND_FULL = [case for case in FULL if case[5] == "ascend"]
 @pytest.mark.parametrize("case", ASCEND_FULL, ids=lambda c: "-".join(map(str, c)))
 def test_ascend_lowering_full(case):
     spec = _spec(*case)
-    assert_vector_regions(per_token_cast_source(spec, "ascend"), **expected_regions(spec))
+    assert_vector_regions(build_per_token_cast.source(spec, "ascend"), **expected_regions(spec))
 
 
 # One nvcc compile by default (a plain kernel); the rest in the slow run.
@@ -95,7 +95,7 @@ CUDA_PARAMS = [pytest.param(name, spec, id=name, marks=[] if i == 0 else [pytest
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("name,spec", CUDA_PARAMS)
 def test_cuda_lowering_compiles(name, spec):
-    src = per_token_cast_source(spec, "cuda")
+    src = build_per_token_cast.source(spec, "cuda")
     assert "__global__ void" in src and "per_token_cast_kernel" in src
     nvcc_compile_or_skip(src)
 
@@ -104,7 +104,7 @@ def test_cuda_lowering_compiles(name, spec):
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("name,spec", ASCEND_CASES, ids=[n for n, _ in ASCEND_CASES])
 def test_cuda_lowering_compiles_all(name, spec):
-    src = per_token_cast_source(spec, "cuda")
+    src = build_per_token_cast.source(spec, "cuda")
     nvcc_compile_or_skip(src)
 
 
@@ -112,7 +112,7 @@ def test_cuda_lowering_compiles_all(name, spec):
 def test_cpu_phases_vectorize(fmt):
     """The cpu build vectorizes the amax reduction and the encode loop over the tile (their speed
     rests on it: a change to the encoders, the copies or the flags that makes GCC give up shows here)."""
-    loops = cpu_vectorized_loops(per_token_cast_source(_spec("bf16", fmt, 32, "fp32", False, "ascend"), "cpu"))
+    loops = cpu_vectorized_loops(build_per_token_cast.source(_spec("bf16", fmt, 32, "fp32", False, "ascend"), "cpu"))
     if loops is None:
         pytest.skip("the host C++ compiler is not GCC")
     report = "\n".join(loops)

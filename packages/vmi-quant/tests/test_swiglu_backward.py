@@ -13,8 +13,6 @@ gradient's fixed summation order makes it reproducible too).
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -22,13 +20,14 @@ from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, ran
 from vmi_quant import reference
 from vmi_quant.config import reset_runtime_config, set_token_alignment
 from vmi_quant.inputs import expert_rows
-from vmi_quant.reference import swiglu_backward as reference_backward
-from vmi_quant.swiglu_backward import swiglu_backward, swiglu_backward_and_per_token_cast
-from vmi_quant.swiglu_backward_parallel import (
-    block_rows,
+from vmi_quant.kernels.swiglu_backward import block_rows
+from vmi_quant.ops.swiglu_backward import (
+    swiglu_backward,
+    swiglu_backward_and_per_token_cast,
     swiglu_backward_and_per_token_cast_parallel,
     swiglu_backward_parallel,
 )
+from vmi_quant.reference import swiglu_backward as reference_backward
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 SF_OPTIONS = {
@@ -317,7 +316,7 @@ def test_no_tokens_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for N == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.swiglu_backward_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     x = reference.cast(torch.empty(0, 256), "e4m3", (1, 32))
     x_grad, (data, sf), weight_grad = swiglu_backward_and_per_token_cast(
         x, torch.empty(0, 128), "e4m3", 32, topk_weights=torch.empty(0), round_sf=True, use_packed_ue8m0=True)

@@ -11,8 +11,12 @@ import torch
 
 from vmi_quant import reference
 from vmi_quant.config import reset_runtime_config, set_token_alignment
-from vmi_quant.swiglu_backward import swiglu_backward, swiglu_backward_and_per_token_cast
-from vmi_quant.swiglu_backward_parallel import swiglu_backward_and_per_token_cast_parallel, swiglu_backward_parallel
+from vmi_quant.ops.swiglu_backward import (
+    swiglu_backward,
+    swiglu_backward_and_per_token_cast,
+    swiglu_backward_and_per_token_cast_parallel,
+    swiglu_backward_parallel,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +24,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.swiglu_backward_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.swiglu_backward"), "launch", fail)
 
 
 X = torch.zeros(16, 256, dtype=torch.bfloat16)

@@ -17,8 +17,8 @@ from vmi_core.sf_layout import SFLayout
 from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.swiglu_backward import make_spec
-from vmi_quant.swiglu_backward_parallel import swiglu_backward_source
+from vmi_quant.kernels.swiglu_backward import build_swiglu_backward
+from vmi_quant.ops.swiglu_backward import make_spec
 
 # (x format, grad format, npc, packed SF, flavor, weights, clamp, recompute, psum, H). The plain
 # path's source runs in the default ascend-sim test; its assertions here run under ``slow``.
@@ -58,7 +58,7 @@ def _spec(case):
 
 def _check_ascend(case):
     spec = _spec(case)
-    src = swiglu_backward_source(spec, "ascend")
+    src = build_swiglu_backward.source(spec, "ascend")
     assert "__global__ __vector__ void swiglu_backward_kernel" in src
     quantized = spec.num_per_channels is not None
     # assert_vector_regions also fails on a barrier inside a thread-guarded branch.
@@ -83,7 +83,7 @@ def test_ascend_lowering_more(case):
 
 
 def _check_cuda(case):
-    src = swiglu_backward_source(_spec(case), "cuda")
+    src = build_swiglu_backward.source(_spec(case), "cuda")
     assert "__global__ void" in src and "swiglu_backward_kernel" in src
     # The cuda flavor's fused 1 + a'(1 - s) and the weight-gradient row sums.
     assert "fmaf" in src or "__fmaf_rn" in src

@@ -10,8 +10,6 @@ exact integers added to a non-zero start.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -20,13 +18,15 @@ from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, ran
 from vmi_devkit.cases.swiglu_forward_cases import COVERING, FULL, SF_MODES, SIM_COVERING, SIM_FULL, case_id
 from vmi_quant.config import get_token_alignment, set_token_alignment
 from vmi_quant.inputs import expert_rows
-from vmi_quant.reference import swiglu_forward as reference
-from vmi_quant.swiglu_forward import _prepare, swiglu_forward, swiglu_forward_and_per_token_cast
-from vmi_quant.swiglu_forward_parallel import (
-    launch,
+from vmi_quant.kernels.swiglu_forward import launch
+from vmi_quant.ops.swiglu_forward import (
+    _prepare,
+    swiglu_forward,
+    swiglu_forward_and_per_token_cast,
     swiglu_forward_and_per_token_cast_parallel,
     swiglu_forward_parallel,
 )
+from vmi_quant.reference import swiglu_forward as reference
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ALIGNMENT = 8
@@ -279,7 +279,7 @@ def test_no_rows_launch_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was built or launched for N == 0")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.swiglu_forward_parallel"), "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     counter = torch.tensor([1, 2, 3, 4])
     data, sf = swiglu_forward_and_per_token_cast(torch.empty(0, 256), "e4m3", 32, torch.zeros(2, dtype=torch.int32),
                                                  clamp_value=1.0, clamped_count=counter, round_sf=True,

@@ -19,15 +19,13 @@ from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_core.testing import assert_bitwise_equal, randn
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.reference import swiglu_forward as reference
-from vmi_quant.swiglu_forward_and_per_channel_cast_and_transpose import (
+from vmi_quant.kernels.swiglu_forward_and_per_channel_cast_and_transpose import build_swiglu_per_channel
+from vmi_quant.ops.swiglu_forward_and_per_channel_cast_and_transpose import (
     make_spec,
     swiglu_forward_and_per_channel_cast_and_transpose,
-)
-from vmi_quant.swiglu_forward_and_per_channel_cast_and_transpose_parallel import (
     swiglu_forward_and_per_channel_cast_and_transpose_parallel,
-    swiglu_per_channel_source,
 )
+from vmi_quant.reference import swiglu_forward as reference
 
 # (num_per_tokens, round_sf, without_transpose, clamp, flavor)
 DEFAULT = (32, False, False, 0.5, "ascend")
@@ -130,7 +128,7 @@ def test_bad_input(monkeypatch, call, error, match):
         raise AssertionError("a kernel was launched for bad input")
 
     monkeypatch.setattr(importlib.import_module(
-        "vmi_quant.swiglu_forward_and_per_channel_cast_and_transpose_parallel"), "launch", fail)
+        "vmi_quant.kernels.swiglu_forward_and_per_channel_cast_and_transpose"), "launch", fail)
     with pytest.raises(error, match=match):
         call()
 
@@ -145,7 +143,7 @@ def _spec(case):
 def test_ascend_lowering(case):
     # One SIMD region (SwiGLU, bf16 rounding, column amax, scales, and the codes without the
     # transpose); the transposed codes in a SIMT region. DMA: gate and up tiles in; data and SF out.
-    src = swiglu_per_channel_source(_spec(case), "ascend")
+    src = build_swiglu_per_channel.source(_spec(case), "ascend")
     assert_vector_regions(src, simd=1, simt=0 if case[2] else 1)
     assert dma_counts(src) == (2, 2)
     assert "simd_inst::vexp" in src
@@ -154,6 +152,6 @@ def test_ascend_lowering(case):
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_lowering_compiles():
-    src = swiglu_per_channel_source(_spec((128, True, False, 10.0, "cuda")), "cuda")
+    src = build_swiglu_per_channel.source(_spec((128, True, False, 10.0, "cuda")), "cuda")
     assert "__global__ void" in src
     nvcc_compile_or_skip(src)

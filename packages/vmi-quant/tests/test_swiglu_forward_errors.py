@@ -8,8 +8,12 @@ import importlib
 import pytest
 import torch
 
-from vmi_quant.swiglu_forward import swiglu_forward, swiglu_forward_and_per_token_cast
-from vmi_quant.swiglu_forward_parallel import swiglu_forward_and_per_token_cast_parallel, swiglu_forward_parallel
+from vmi_quant.ops.swiglu_forward import (
+    swiglu_forward,
+    swiglu_forward_and_per_token_cast,
+    swiglu_forward_and_per_token_cast_parallel,
+    swiglu_forward_parallel,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -17,7 +21,7 @@ def no_kernel(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for bad input")
 
-    monkeypatch.setattr(importlib.import_module("vmi_quant.swiglu_forward_parallel"), "launch", fail)
+    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.swiglu_forward"), "launch", fail)
 
 
 X = torch.zeros(16, 256, dtype=torch.bfloat16)

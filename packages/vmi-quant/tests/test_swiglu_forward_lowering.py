@@ -19,8 +19,8 @@ from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
 from vmi_devkit.cases.swiglu_forward_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_quant.swiglu_forward import make_spec
-from vmi_quant.swiglu_forward_parallel import swiglu_forward_source
+from vmi_quant.kernels.swiglu_forward import build_swiglu_forward
+from vmi_quant.ops.swiglu_forward import make_spec
 
 
 def _spec(in_dtype, fmt, npc, sf_mode, with_psum, weights, clamp, count, flavor):
@@ -36,7 +36,7 @@ def _spec(in_dtype, fmt, npc, sf_mode, with_psum, weights, clamp, count, flavor)
 
 def _check_ascend(case):
     spec = _spec(*case)
-    src = swiglu_forward_source(spec, "ascend")
+    src = build_swiglu_forward.source(spec, "ascend")
     assert "__global__ __vector__ void swiglu_forward_kernel" in src
     quantized = spec.fmt == "e4m3"
     # assert_vector_regions also fails on a barrier inside a thread-guarded branch.
@@ -62,7 +62,7 @@ def test_ascend_lowering_full(case):
 
 
 def _check_cuda(case):
-    src = swiglu_forward_source(_spec(*case), "cuda")
+    src = build_swiglu_forward.source(_spec(*case), "cuda")
     assert "__global__ void" in src and "swiglu_forward_kernel" in src
     nvcc_compile_or_skip(src)
 

@@ -10,7 +10,8 @@ one declaration come
   strides and SF layouts are those a real call returns;
 * the type checks that run before dispatch, so a wrong argument raises ``TypeError`` naming
   it (the dispatcher's own schema errors name the argument less clearly);
-* the parameter names and defaults the ``vmi`` command binds its options to.
+* the parameter names and defaults the ``vmi`` command binds its options to, and with its
+  ``Command`` the op's entry in that command (``vmi list``, ``run``, ``bench``, ``source``).
 
 Every op takes the keyword-only ``target`` and ``flavor`` (see ``vmi_core.targets``). An op's
 ``run`` takes its parameters positionally, then ``out`` (a tuple of the preallocated outputs,
@@ -21,11 +22,15 @@ allocates the outputs, then, with ``launch``, runs the kernel (or the reference 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from .targets import require_kernel
 
 NAMESPACE = "vmi"
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -109,6 +114,75 @@ def _schema_value(value) -> str:
     return repr(value)
 
 
+@dataclass(frozen=True)
+class Option:
+    """A command-line option of an op: ``vmi run OP -o name=value``."""
+
+    name: str
+    default: object
+    choices: tuple = ()
+    help: str = ""
+
+    def parse(self, text: str):
+        if isinstance(self.default, bool):
+            if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(f"option {self.name} takes true/false, got {text!r}")
+            value = text.lower() in ("1", "true", "yes")
+        elif isinstance(self.default, int):
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError(f"option {self.name} takes an integer, got {text!r}") from None
+        else:
+            value = text
+        if self.choices and value not in self.choices:
+            raise ValueError(f"option {self.name} must be one of {self.choices}, got {value!r}")
+        return value
+
+
+CUDA_SUPPORT = "lowers and compiles with nvcc (sm_90a); not run without a GPU"
+
+
+def support(ascend: str = "SIMD vector regions", *, cpu: str = "bit-exact against the reference in both flavors",
+            ascend_sim: str = "bit-exact against the reference (ascend flavor)",
+            cuda: str = CUDA_SUPPORT) -> dict[str, str]:
+    """An op's one-line support status per target, as ``vmi list`` and the docs show it: ``ascend``
+    names the lowering's vector regions, ``cpu`` and ``ascend_sim`` what the tests found against
+    the reference."""
+    return {"cpu": f"runs; {cpu}",
+            "ascend": f"lowers to AscendC ({ascend}); runs on ascend-sim, not yet on an NPU",
+            "ascend-sim": f"runs the ascend source on the CPU model; {ascend_sim}",
+            "cuda": cuda}
+
+
+@dataclass(frozen=True)
+class Command:
+    """What the ``vmi`` command needs beyond an op's parameters to list, run, check, benchmark and
+    show it (``vmi_core.registry`` builds the command's entry from the op and this).
+
+    ``make_inputs(shape, options, seed)`` -> the inputs by parameter name (CPU tensors and values);
+    ``kernels(options, target, flavor)`` -> the ``(Kernel, spec)`` of every kernel the op runs with
+    those options on ``target`` (``flavor`` resolved, a name), for ``vmi source`` and ``precompile``;
+    ``arguments(inputs, options, flavor)`` -> further argument values computed from those;
+    ``check(outputs, expected)`` -> mismatch lines (default: the results and the required mutable
+    tensors bit for bit), ``check_criterion`` says what it compares; ``nbytes(inputs, outputs)`` ->
+    bytes moved (default: every input and output tensor); ``support``: see ``support``.
+    """
+
+    summary: str
+    support: dict[str, str]
+    default_shape: tuple[int, ...]
+    bench_shapes: tuple[tuple[int, ...], ...]
+    make_inputs: Callable
+    kernels: Callable
+    options: tuple[Option, ...] = ()
+    arguments: Callable | None = None
+    check: Callable | None = None
+    check_criterion: str = "bit for bit"
+    nbytes: Callable | None = None
+    aliases: tuple[str, ...] = ()
+
+
 class KernelOp:
     """One op, registered as ``torch.ops.vmi.<name>`` (see the module docstring).
 
@@ -119,11 +193,13 @@ class KernelOp:
     number of tensors, all given), for ops whose outputs are a list; ``run`` gets it as ``out=(list,)``.
     ``run`` is described in the module docstring. ``autograd = (backward, setup_context)``
     registers a derivative (``torch.library.register_autograd``; the op must not mutate).
+    ``command`` makes it an op of the ``vmi`` command; ``family`` is its package's
+    (``vmi_quant`` -> ``quant``).
     """
 
     def __init__(self, name: str, params: Sequence[Param], returns: Sequence[str], run: Callable, *,
                  outs: Sequence[str] = (), out_list: bool = False,
-                 autograd: tuple[Callable, Callable] | None = None):
+                 autograd: tuple[Callable, Callable] | None = None, command: Command | None = None):
         if out_list and len(outs) != 1:
             raise ValueError(f"{name}: a list of preallocated outputs is one parameter")
         if outs and not out_list and len(outs) != len(returns):
@@ -135,6 +211,8 @@ class KernelOp:
         self.outs = tuple(outs)
         self.out_list = out_list
         self.run = run
+        self.command = command
+        self.family = run.__module__.partition(".")[0].removeprefix(f"{NAMESPACE}_")
         if name in KERNEL_OPS:
             raise ValueError(f"op {name} is declared twice")
         self._define()
@@ -249,3 +327,31 @@ class KernelOp:
             out = (allocated,) if len(self.outs) == 1 else allocated
         self.out(*args, target=target, flavor=flavor, **dict(zip(self.outs, out, strict=True)))
         return out[0] if len(out) == 1 else tuple(out)
+
+
+def parallel_entry(public: Callable, leading: str) -> Callable:
+    """TileKernels' ``X_parallel`` twin of the public function ``X``: the same signature, and the
+    same results and errors, but it always runs the kernel; the reference target ``torch`` is refused
+    with a ``ValueError``, also when it comes from ``$VMI_TARGET`` or from a meta ``leading`` (the
+    argument whose device decides the default target).
+
+    Declared beside ``X`` in its dispatch module, so no kernel module imports its dispatch."""
+    name = f"{public.__name__}_parallel"
+    signature = inspect.signature(public)
+    if leading not in signature.parameters:
+        raise ValueError(f"{public.__name__} has no parameter {leading!r}")
+
+    @functools.wraps(public, assigned=("__module__", "__annotations__"))
+    def entry(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        require_kernel(name, bound.arguments.get(leading), bound.arguments.get("target"))
+        return public(*args, **kwargs)
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__signature__ = signature
+    entry.__doc__ = (f"``{public.__name__}`` that always runs the parallel kernel.\n\n"
+                     f"Same arguments, returns and errors as ``{public.__name__}``, except that the reference "
+                     f"target ``\"torch\"`` is refused (``ValueError``), also when it comes from ``$VMI_TARGET`` "
+                     f"or from a meta ``{leading}``.\n")
+    entry.parallel_of = public
+    return entry

@@ -1,12 +1,13 @@
 """The op registry behind the ``vmi`` command.
 
-Each family package declares an entry point in the ``vmi.ops`` group naming a
-module with an ``OPS`` list of ``OpInfo``; the command discovers them, so a user
-who installs only vmi-quant sees only the quantization ops.
+Each family package declares an entry point in the ``vmi.ops`` group naming the package
+(``quant = "vmi_quant"``); the command imports it and takes every ``KernelOp`` of that family
+declared with a ``Command``, so a user who installs only vmi-quant sees only the quantization ops.
 
-``kernel_op_entry`` builds an op's entry from its ``vmi_core.library.KernelOp``: the
-command runs the op (and its reference, the same op with target ``torch``) with the
-parameters bound by name from the generated inputs and the command-line options.
+``kernel_op_entry`` builds an op's entry from its ``vmi_core.library.KernelOp``: the command runs
+the op (and its reference, the same op with target ``torch``) with the parameters bound by name
+from the generated inputs and the command-line options, and shows the source of every kernel the
+op's ``Command.kernels`` names.
 """
 
 from __future__ import annotations
@@ -17,37 +18,11 @@ from importlib.metadata import entry_points
 
 import torch
 
-from .library import KernelOp
+from .library import KERNEL_OPS, KernelOp, Option
 from .targets import device_of, flavor_argument, resolve_flavor
 from .testing import compare_named
 
 ENTRY_POINT_GROUP = "vmi.ops"
-
-
-@dataclass(frozen=True)
-class Option:
-    """A command-line option of an op: ``-o name=value``."""
-
-    name: str
-    default: object
-    choices: tuple = ()
-    help: str = ""
-
-    def parse(self, text: str):
-        if isinstance(self.default, bool):
-            if text.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError(f"option {self.name} takes true/false, got {text!r}")
-            value = text.lower() in ("1", "true", "yes")
-        elif isinstance(self.default, int):
-            try:
-                value = int(text)
-            except ValueError:
-                raise ValueError(f"option {self.name} takes an integer, got {text!r}") from None
-        else:
-            value = text
-        if self.choices and value not in self.choices:
-            raise ValueError(f"option {self.name} must be one of {self.choices}, got {value!r}")
-        return value
 
 
 @dataclass(frozen=True)
@@ -98,7 +73,11 @@ def discover() -> dict[str, OpInfo]:
     """Every op of every installed family package, by name (and alias)."""
     ops: dict[str, OpInfo] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        for op in ep.load().OPS:
+        ep.load()  # declares the family's ops
+        for kernel_op in KERNEL_OPS.values():
+            if kernel_op.command is None or kernel_op.family != ep.name:
+                continue
+            op = kernel_op_entry(kernel_op)
             ops[op.name] = op
             for alias in op.aliases:
                 ops.setdefault(alias, op)
@@ -154,33 +133,59 @@ def _tensor_bytes(value) -> int:
     return 0
 
 
-def kernel_op_entry(op: KernelOp, *, arguments: Callable | None = None, check: Callable | None = None,
-                    nbytes: Callable | None = None, **fields) -> OpInfo:
-    """The ``OpInfo`` of ``op``: ``run`` calls it on the target, ``reference`` calls it with target
-    ``torch``; both return its results followed by the tensors it wrote in place.
+def _source(op: KernelOp):
+    """``vmi source``: every kernel of the op with its options on a target, each under a header
+    naming the op, the kernel, the options, the target, the flavor and the specialisation."""
+
+    def source(options, target, flavor):
+        flavor = resolve_flavor(target, flavor_argument(target, flavor)).name
+        kernels = op.command.kernels(options, target, flavor)
+        shown = ", ".join(f"{k}={v}" for k, v in options.items()) or "none"
+        parts = []
+        for number, (kernel, spec) in enumerate(kernels, 1):
+            parts.append(f"// vmi source: {op.name}, kernel {number} of {len(kernels)}: {kernel.name}; "
+                         f"target {target}, flavor {flavor}; options: {shown}\n// specialisation: {spec!r}\n"
+                         f"{kernel.source(spec, target)}")
+        return "\n".join(parts)
+    return source
+
+
+def kernel_op_entry(op: KernelOp) -> OpInfo:
+    """The ``OpInfo`` of ``op`` from its ``Command``: ``run`` calls it on the target, ``reference``
+    calls it with target ``torch``; both return its results followed by the tensors it wrote in place.
 
     The arguments are bound by name (``bind``) from the inputs, the options and
-    ``arguments(inputs, options, flavor)`` (values computed from those, e.g. a block size from two
-    options). ``check`` defaults to a bitwise comparison of the results and the tensors of required
-    mutable parameters (an op with optional ones declares its own), ``nbytes`` to the bytes
-    of every input and output tensor, ``name`` to the op's. The other fields are ``OpInfo``'s.
+    ``arguments(inputs, options, flavor)``. ``check`` defaults to a bitwise comparison of the
+    results and the tensors of required mutable parameters (an op with optional ones declares its
+    own), ``nbytes`` to the bytes of every input and output tensor.
     """
+    command = op.command
 
     def call(inputs, options, target, flavor, device):
         values = {**options, **inputs}
-        if arguments is not None:
-            values.update(arguments(inputs, options, resolve_flavor(target, flavor).name))
+        if command.arguments is not None:
+            values.update(command.arguments(inputs, options, resolve_flavor(target, flavor).name))
         args, mutated = bind(op, values, device)
         results = op(*args, target=target, flavor=flavor)
         results = (results,) if isinstance(results, torch.Tensor) else tuple(results or ())
         return (*results, *mutated)
 
     outputs = op.returns + tuple(p.name for p in op.params if p.mutable and not p.optional)
-    fields.setdefault("name", op.name)
     return OpInfo(
+        name=op.name,
+        family=op.family,
+        summary=command.summary,
+        default_shape=command.default_shape,
+        bench_shapes=command.bench_shapes,
+        options=command.options,
+        targets=command.support,
+        make_inputs=command.make_inputs,
         run=lambda inputs, options, target, flavor: call(inputs, options, target, flavor_argument(target, flavor),
                                                          device_of(target)),
         reference=lambda inputs, options, flavor: call(inputs, options, "torch", flavor, "cpu"),
-        check=check or compare_named(outputs),
-        nbytes=nbytes or (lambda inputs, results: _tensor_bytes(inputs) + _tensor_bytes(results)),
-        **fields)
+        check=command.check or compare_named(outputs),
+        source=_source(op),
+        nbytes=command.nbytes or (lambda inputs, results: _tensor_bytes(inputs) + _tensor_bytes(results)),
+        aliases=command.aliases,
+        check_criterion=command.check_criterion,
+    )

@@ -140,10 +140,10 @@ def flavor_argument(target: str, flavor: str | None) -> str | None:
 def require_kernel(op: str, x, target: str | None) -> None:
     """``*_parallel`` entry points always run the kernel: refuse the reference pseudo-target.
 
-    ``x`` is the op's leading input: a tensor, or a tuple whose first entry is one (a quantized
-    ``(data, sf)`` pair); without one (e.g. an empty sequence), only an explicit or ``$VMI_TARGET``
-    reference is refused, and the rest is left to the op's own checks."""
-    tensor = x[0] if isinstance(x, tuple) and x else x
+    ``x`` is the op's leading input: a tensor, or a tuple or list whose first entry is one (a
+    quantized ``(data, sf)`` pair, a list of scales); without one (e.g. an empty sequence), only an
+    explicit or ``$VMI_TARGET`` reference is refused, and the rest is left to the op's own checks."""
+    tensor = x[0] if isinstance(x, (tuple, list)) and x else x
     if isinstance(tensor, torch.Tensor):
         chosen = resolve_target(tensor, target)
     else:

@@ -40,37 +40,46 @@ from .autograd import (
     mhc_pre_split_mixes,
     sinkhorn_normalize,
 )
-from .expand import expand_to_mhc_bwd, expand_to_mhc_fwd
-from .expand_parallel import expand_to_mhc_bwd_parallel, expand_to_mhc_fwd_parallel
 from .functional import expand_from_embedding, mhc_head, mhc_pre, mhc_pre_big_fuse
-from .head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
-from .head_compute_mix_parallel import mhc_head_compute_mix_bwd_parallel, mhc_head_compute_mix_fwd_parallel
-from .multilayer_recompute import mhc_multilayer_recompute
-from .multilayer_recompute_parallel import mhc_multilayer_recompute_parallel
-from .norm_fn import (
-    mhc_fn_normw_merge_bwd,
-    mhc_fn_normw_merge_fwd,
-    mhc_reduce_partials_and_rmsnorm_bwd,
-    mhc_reduce_partials_and_rmsnorm_fwd,
+from .ops.expand import expand_to_mhc_bwd, expand_to_mhc_bwd_parallel, expand_to_mhc_fwd, expand_to_mhc_fwd_parallel
+from .ops.head_compute_mix import (
+    mhc_head_compute_mix_bwd,
+    mhc_head_compute_mix_bwd_parallel,
+    mhc_head_compute_mix_fwd,
+    mhc_head_compute_mix_fwd_parallel,
 )
-from .norm_fn_parallel import (
+from .ops.multilayer_recompute import mhc_multilayer_recompute, mhc_multilayer_recompute_parallel
+from .ops.norm_fn import (
+    mhc_fn_normw_merge_bwd,
     mhc_fn_normw_merge_bwd_parallel,
+    mhc_fn_normw_merge_fwd,
     mhc_fn_normw_merge_fwd_parallel,
+    mhc_reduce_partials_and_rmsnorm_bwd,
     mhc_reduce_partials_and_rmsnorm_bwd_parallel,
+    mhc_reduce_partials_and_rmsnorm_fwd,
     mhc_reduce_partials_and_rmsnorm_fwd_parallel,
 )
-from .post import mhc_post_bwd, mhc_post_fwd
-from .post_parallel import mhc_post_bwd_parallel, mhc_post_fwd_parallel
-from .pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
-from .pre_apply_mix_parallel import mhc_pre_apply_mix_bwd_parallel, mhc_pre_apply_mix_fwd_parallel
-from .pre_big_fuse import mhc_pre_big_fuse_fwd
-from .pre_big_fuse_parallel import mhc_pre_big_fuse_fwd_parallel
-from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
-from .pre_norm_fn_gemm_parallel import mhc_pre_norm_fn_gemm_bwd_parallel, mhc_pre_norm_fn_gemm_fwd_parallel
-from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
-from .pre_split_mixes_parallel import mhc_pre_split_mixes_bwd_parallel, mhc_pre_split_mixes_fwd_parallel
-from .sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
-from .sinkhorn_parallel import mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd_parallel
+from .ops.post import mhc_post_bwd, mhc_post_bwd_parallel, mhc_post_fwd, mhc_post_fwd_parallel
+from .ops.pre_apply_mix import (
+    mhc_pre_apply_mix_bwd,
+    mhc_pre_apply_mix_bwd_parallel,
+    mhc_pre_apply_mix_fwd,
+    mhc_pre_apply_mix_fwd_parallel,
+)
+from .ops.pre_big_fuse import mhc_pre_big_fuse_fwd, mhc_pre_big_fuse_fwd_parallel
+from .ops.pre_norm_fn_gemm import (
+    mhc_pre_norm_fn_gemm_bwd,
+    mhc_pre_norm_fn_gemm_bwd_parallel,
+    mhc_pre_norm_fn_gemm_fwd,
+    mhc_pre_norm_fn_gemm_fwd_parallel,
+)
+from .ops.pre_split_mixes import (
+    mhc_pre_split_mixes_bwd,
+    mhc_pre_split_mixes_bwd_parallel,
+    mhc_pre_split_mixes_fwd,
+    mhc_pre_split_mixes_fwd_parallel,
+)
+from .ops.sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd, mhc_sinkhorn_fwd_parallel
 
 __version__ = "0.1.0"
 

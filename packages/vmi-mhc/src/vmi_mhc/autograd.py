@@ -54,20 +54,20 @@ from torch.autograd.function import once_differentiable
 
 from vmi_core.checks import check_float, check_int, check_tensor
 
-from .expand import expand_to_mhc_bwd, expand_to_mhc_fwd
-from .head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
 from .inputs import mix_width
-from .norm_fn import (
+from .ops.expand import expand_to_mhc_bwd, expand_to_mhc_fwd
+from .ops.head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
+from .ops.norm_fn import (
     mhc_fn_normw_merge_bwd,
     mhc_fn_normw_merge_fwd,
     mhc_reduce_partials_and_rmsnorm_bwd,
     mhc_reduce_partials_and_rmsnorm_fwd,
 )
-from .post import mhc_post_bwd, mhc_post_fwd
-from .pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
-from .pre_norm_fn_gemm import BWD_ALIGN, SPLIT_ALIGN, mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
-from .pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
-from .sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
+from .ops.post import mhc_post_bwd, mhc_post_fwd
+from .ops.pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
+from .ops.pre_norm_fn_gemm import BWD_ALIGN, SPLIT_ALIGN, mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
+from .ops.pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
+from .ops.sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
 
 _LINEAGE_NODES = 16
 """How many autograd nodes above a consumer's mixes are searched for the norm_fn node that owns the

@@ -27,10 +27,10 @@ from .autograd import (
     sinkhorn_normalize,
 )
 from .inputs import check_mhc_mult, mix_width
-from .norm_fn import mhc_fn_normw_merge_fwd
-from .pre_big_fuse import mhc_pre_big_fuse_fwd
-from .pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_fwd
-from .sinkhorn_parallel import MAX_BACKWARD_REPEAT
+from .kernels.sinkhorn import MAX_BACKWARD_REPEAT
+from .ops.norm_fn import mhc_fn_normw_merge_fwd
+from .ops.pre_big_fuse import mhc_pre_big_fuse_fwd
+from .ops.pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_fwd
 
 
 def expand_from_embedding(x: torch.Tensor, mhc_mult: int = 4, *, target: str | None = None,

@@ -16,14 +16,10 @@ entry points always run the kernel.
 """
 
 from vmi_moe.autograd import moe_topk_gate_autograd
-from vmi_moe.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward
-from vmi_moe.moe_topk_gate_backward import moe_topk_gate_backward
-from vmi_moe.moe_topk_gate_backward_parallel import moe_topk_gate_backward_parallel
-from vmi_moe.moe_topk_gate_parallel import moe_topk_gate_forward_parallel
-from vmi_moe.normalize_weight import normalize_weight
-from vmi_moe.normalize_weight_parallel import normalize_weight_parallel
-from vmi_moe.topk_gate import topk_gate
-from vmi_moe.topk_gate_parallel import topk_gate_parallel
+from vmi_moe.ops.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward, moe_topk_gate_forward_parallel
+from vmi_moe.ops.moe_topk_gate_backward import moe_topk_gate_backward, moe_topk_gate_backward_parallel
+from vmi_moe.ops.normalize_weight import normalize_weight, normalize_weight_parallel
+from vmi_moe.ops.topk_gate import topk_gate, topk_gate_parallel
 
 __version__ = "0.1.0"
 

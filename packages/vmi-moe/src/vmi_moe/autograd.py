@@ -21,8 +21,8 @@ import torch
 from vmi_core.checks import check_int, check_tensor
 from vmi_core.library import KernelOp, Param
 
-from .moe_topk_gate import MOE_TOPK_GATE_FORWARD
-from .moe_topk_gate_backward import moe_topk_gate_backward
+from .ops.moe_topk_gate import MOE_TOPK_GATE_FORWARD
+from .ops.moe_topk_gate_backward import moe_topk_gate_backward
 
 
 def sequence_score_sums(scores: torch.Tensor, mask: torch.Tensor | None, num_sequences: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 
 from vmi_core.checks import check_int
 
-from .kernel_common import STATUS_BAD_COUNT, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_WORDS
+from .kernels.common import STATUS_BAD_COUNT, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_WORDS
 
 SCORING_FUNCS = ("sqrtsoftplus",)
 MAX_TOPK = 32

@@ -27,10 +27,10 @@ import torch
 
 from .config import get_token_alignment
 from .inputs import PLAIN_DTYPES, expert_rows
-from .norm_backward import norm_backward
-from .norm_forward import norm_forward, norm_forward_and_per_token_cast
-from .swiglu_backward import swiglu_backward
-from .swiglu_forward import swiglu_forward
+from .ops.norm_backward import norm_backward
+from .ops.norm_forward import norm_forward, norm_forward_and_per_token_cast
+from .ops.swiglu_backward import swiglu_backward
+from .ops.swiglu_forward import swiglu_forward
 
 
 @dataclass(frozen=True)

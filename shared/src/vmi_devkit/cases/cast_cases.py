@@ -8,8 +8,8 @@ import torch
 
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import get_flavor
-from vmi_quant.cast_back_parallel import CastBackSpec
-from vmi_quant.cast_parallel import CastSpec
+from vmi_quant.kernels.cast import CastSpec
+from vmi_quant.kernels.cast_back import CastBackSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 

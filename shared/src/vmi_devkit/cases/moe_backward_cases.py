@@ -16,7 +16,7 @@ import torch
 from vmi_core.testing import generator
 from vmi_devkit.cases.moe_cases import SIM_CORES
 from vmi_moe import moe_topk_gate_backward, moe_topk_gate_forward
-from vmi_moe.moe_topk_gate_backward_parallel import GateBackwardSpec
+from vmi_moe.kernels.moe_topk_gate_backward import GateBackwardSpec
 from vmi_moe.reference import moe_topk_gate_backward as reference_backward
 
 SCALE = 1.5

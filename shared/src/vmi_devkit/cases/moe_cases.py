@@ -25,7 +25,7 @@ from vmi_core.softplus import sqrt_softplus
 from vmi_core.testing import generator
 from vmi_core.tl.shell import DEFAULT_WORKERS
 from vmi_moe import moe_topk_gate_forward
-from vmi_moe.moe_topk_gate_parallel import GateSpec
+from vmi_moe.kernels.moe_topk_gate import GateSpec
 from vmi_moe.reference import moe_topk_gate_forward as reference_gate
 
 FLAVORS = ("ascend", "cuda")

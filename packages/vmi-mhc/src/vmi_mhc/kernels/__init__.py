@@ -1,0 +1,1 @@
+"""vmi-mhc's TileLang kernels: one module per op, named as its dispatch module in ``ops/``."""

@@ -1,0 +1,1 @@
+"""vmi-moe's TileLang kernels: one module per op, named as its dispatch module in ``ops/``."""

@@ -1,0 +1,112 @@
+"""``cast``: public dispatch (validation, allocation, backend choice).
+
+Elementwise conversion of a contiguous tensor of any shape between fp32, bf16 and
+float8_e4m3fn, optionally with stochastic rounding. Names and parameters follow
+TileKernels v2; ``target`` and ``flavor`` are vmi's additions (see vmi_core.targets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.targets import resolve_flavor, resolve_target
+
+from ..kernels import cast as parallel
+from ..reference import elementwise as reference
+
+DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
+
+
+@dataclass
+class CastCall:
+    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+
+    spec: parallel.CastSpec
+    x: torch.Tensor
+    out: torch.Tensor
+
+
+def _format(dtype, name: str) -> str:
+    if dtype not in DTYPES:
+        raise TypeError(f"{name} must be one of {tuple(DTYPES)}, got {dtype}")
+    return DTYPES[dtype]
+
+
+def _prepare(x, dtype, stochastic_rounding, target, flavor):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    target = resolve_target(x, target)
+    # No bit of a cast depends on the flavor; the argument is still checked like every op's.
+    resolve_flavor(target, flavor)
+    in_fmt = _format(x.dtype, "x dtype")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    out_fmt = _format(dtype, "dtype")
+    if not isinstance(stochastic_rounding, bool):
+        raise TypeError(f"stochastic_rounding must be a bool, got {type(stochastic_rounding).__name__}")
+    if not x.is_contiguous():
+        raise ValueError(f"x must be contiguous, got shape {tuple(x.shape)} with strides {tuple(x.stride())}")
+    if stochastic_rounding:
+        if (in_fmt, out_fmt) not in parallel.STOCHASTIC_PAIRS:
+            raise ValueError(f"stochastic_rounding supports {x.dtype} -> {dtype} only for the pairs "
+                             f"{parallel.STOCHASTIC_PAIRS}")
+        if x.numel() % 4:
+            raise ValueError(f"stochastic_rounding needs x.numel() divisible by 4, got {x.numel()}")
+    spec = parallel.CastSpec(in_fmt, out_fmt, stochastic_rounding)
+    return target, CastCall(spec, x, torch.empty_like(x, dtype=dtype))
+
+
+def _run(x, dtype, stochastic_rounding, *, out, target, flavor, launch):
+    target, call = _prepare(x, dtype, stochastic_rounding, target, flavor)
+    if launch and target == "torch":
+        call.out.copy_(reference.cast(x, dtype, stochastic_rounding))
+    elif launch:
+        parallel.launch(call, target)
+    return call.out
+
+
+CAST = KernelOp("cast", (Param("x", "Tensor"), Param("dtype", "ScalarType"),
+                         Param("stochastic_rounding", "bool", False)), ("out",), _run)
+
+
+def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False, *, target: str | None = None,
+         flavor: str | None = None) -> torch.Tensor:
+    """``x`` converted elementwise to ``dtype``.
+
+    Round to nearest even; E4M3 saturates to +-448 (infinities too) and keeps NaN.
+    ``stochastic_rounding`` rounds with vmi-core's hash-based rule, the counter of each quad
+    of four elements being its index in the flattened tensor: same input, same bits.
+
+    Args:
+        x: Contiguous tensor of any shape: float32, bfloat16 or float8_e4m3fn.
+        dtype: Output dtype: ``torch.float32``, ``torch.bfloat16`` or ``torch.float8_e4m3fn``.
+        stochastic_rounding: Round stochastically; only fp32 -> bf16, fp32 -> E4M3 and
+            bf16 -> E4M3, with ``x.numel() % 4 == 0``.
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"``; checked like every op's
+            (only choosable on ``cpu`` and ``torch``) but no bit of a cast depends on it.
+
+    Returns:
+        A new contiguous tensor of ``dtype`` with the shape of ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a tensor; ``x.dtype`` or ``dtype`` is not one of the three
+            dtypes (or ``dtype`` is not a ``torch.dtype``); ``stochastic_rounding`` is not a
+            bool.
+        ValueError: ``x`` is not contiguous; ``stochastic_rounding`` for an unsupported
+            dtype pair or with ``x.numel() % 4 != 0``.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of x, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
+    """
+    return CAST(x, dtype, stochastic_rounding, target=target, flavor=flavor)
+
+
+cast_parallel = parallel_entry(cast, "x")

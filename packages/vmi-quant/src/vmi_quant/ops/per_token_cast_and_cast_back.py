@@ -1,0 +1,134 @@
+"""``per_token_cast_and_cast_back``: public dispatch (validation, backend choice).
+
+An in-place quantize-dequantize round trip of every token in groups of
+``num_per_channels`` channels, e.g. to simulate quantization noise. Names and
+parameters follow TileKernels v2; ``target`` and ``flavor`` are vmi's additions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vmi_core.checks import check_in_place, check_kernel_extent, check_no_internal_overlap, mark_written
+from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+
+from .. import reference
+from ..config import get_amax_clamp_for_quant
+from ..inputs import PLAIN_DTYPES, check_fmt, check_matrix, check_num_per_channels, check_sf_options
+from ..kernels import per_token_cast_and_cast_back as parallel
+from ..kernels.common import ScaleRule
+
+
+@dataclass
+class CastAndCastBackCall:
+    """A validated call: the kernel specialisation and the tensor it rewrites."""
+
+    spec: parallel.CastAndCastBackSpec
+    x: torch.Tensor
+    flavor: Flavor
+
+
+def make_spec(in_fmt: str, fmt: str, num_per_channels: int, round_sf: bool,
+              use_e4m3_sf: bool) -> parallel.CastAndCastBackSpec:
+    """The kernel specialisation of validated arguments (the amax clamp is read now)."""
+    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, use_e4m3_sf), round_sf=round_sf, e4m3_sf=use_e4m3_sf)
+    return parallel.CastAndCastBackSpec(in_fmt, fmt, num_per_channels, rule)
+
+
+def _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor) -> tuple[str, CastAndCastBackCall]:
+    check_fmt(fmt)
+    check_matrix(x, "x")
+    if x.dtype not in PLAIN_DTYPES:
+        raise TypeError(f"x must be bfloat16 or float32, got {x.dtype}")
+    check_no_internal_overlap(x, "x")
+    check_kernel_extent(x, "x")
+    check_in_place(x, "x", "per_token_cast_and_cast_back")
+    target = resolve_target(x, target)
+    flavor = resolve_flavor(target, flavor)
+    check_sf_options(round_sf, False, use_e4m3_sf)
+    check_num_per_channels(num_per_channels)
+    hidden = x.shape[1]
+    if hidden % 64:
+        raise ValueError(f"the hidden size of x must be a multiple of 64, got {hidden}")
+    if hidden % num_per_channels:
+        raise ValueError(f"the hidden size of x ({hidden}) must be a multiple of num_per_channels "
+                         f"({num_per_channels})")
+    spec = make_spec(PLAIN_DTYPES[x.dtype], fmt, num_per_channels, round_sf, use_e4m3_sf)
+    return target, CastAndCastBackCall(spec, x, flavor)
+
+
+def _reference(call: CastAndCastBackCall, round_sf: bool, use_e4m3_sf: bool) -> None:
+    spec, x = call.spec, call.x
+    x.copy_(reference.cast_and_cast_back(x, spec.fmt, spec.num_per_channels, round_sf=round_sf,
+                                         use_e4m3_sf=use_e4m3_sf, flavor=call.flavor))
+
+
+def _run(x, fmt, num_per_channels, round_sf, use_e4m3_sf, *, out, target, flavor, launch) -> None:
+    target, call = _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor)
+    if launch and target == "torch":
+        _reference(call, round_sf, use_e4m3_sf)
+    elif launch:
+        parallel.launch(call, target)
+        mark_written(call.x)
+
+
+PER_TOKEN_CAST_AND_CAST_BACK = KernelOp(
+    "per_token_cast_and_cast_back",
+    (Param("x", "Tensor", mutable=True), Param("fmt", "str"), Param("num_per_channels", "int"),
+     Param("round_sf", "bool", False), Param("use_e4m3_sf", "bool", False)),
+    (), _run)
+
+
+def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False,
+                                 use_e4m3_sf: bool = False,
+                                 *, target: str | None = None, flavor: str | None = None) -> None:
+    """Quantize every token in groups of ``num_per_channels`` channels and dequantize it back, in place.
+
+    The scale per group is fp32, E4M3 (``use_e4m3_sf``) or a power of two (``round_sf``),
+    computed as ``per_token_cast`` computes it; ``x`` is overwritten with
+    ``dequantize(quantize(x))`` in its own dtype.
+
+    Like torch's in-place ops, it bumps ``x``'s version counter (a backward that saved ``x``
+    then raises) and, with grad mode on, refuses an ``x`` that requires grad (it has no
+    derivative): call it under ``torch.no_grad()``.
+
+    Args:
+        x: bf16/fp32 ``(M, K)``, unit stride along ``K`` (the row stride may exceed ``K``),
+            ``K`` a multiple of 64 and of ``num_per_channels``; rewritten in place, so no two
+            of its elements may share memory.
+        fmt: Format of the round trip, ``"e4m3"`` or ``"e2m1"`` (FP4).
+        num_per_channels: Channels per group: 16, 32, 64 or 128.
+        round_sf: Round each scale up to a power of two.
+        use_e4m3_sf: Round each scale to E4M3 (exclusive with ``round_sf``).
+        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
+            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
+            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
+            (``ascend-sim`` runs on cpu tensors).
+        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
+            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
+            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+
+    Returns:
+        None; ``x`` holds the round-tripped values.
+
+    Raises:
+        TypeError: ``x`` is not a tensor or not bf16/fp32; ``fmt`` is not a str; a flag is
+            not a bool; ``num_per_channels`` is not an int.
+        ValueError: ``fmt`` is not ``"e4m3"``/``"e2m1"``; ``num_per_channels`` is not 16, 32,
+            64 or 128; ``round_sf`` with ``use_e4m3_sf``; ``x`` is not 2-D, has a non-unit
+            stride along ``K``, overlapping rows or elements sharing memory, or is too large
+            for 32-bit kernel offsets; ``K`` is not a multiple of 64 and of
+            ``num_per_channels``.
+        TypeError: ``target`` or ``flavor`` is neither a str nor None.
+        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
+            device of x, or ``flavor`` is not the own flavor of ``ascend``,
+            ``ascend-sim`` or ``cuda``.
+        RuntimeError: Grad mode is on and ``x`` requires grad.
+    """
+    PER_TOKEN_CAST_AND_CAST_BACK(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target=target, flavor=flavor)
+
+
+per_token_cast_and_cast_back_parallel = parallel_entry(per_token_cast_and_cast_back, "x")
