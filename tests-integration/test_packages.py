@@ -53,4 +53,4 @@ def test_core_pins_tilelang_and_declares_cli() -> None:
 
 def test_quant_registers_ops_entry_point() -> None:
     eps = {ep.name: ep.value for ep in distribution("vmi-quant").entry_points if ep.group == "vmi.ops"}
-    assert eps == {"quant": "vmi_quant.ops"}
+    assert eps == {"quant": "vmi_quant"}

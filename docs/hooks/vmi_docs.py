@@ -4,8 +4,10 @@ What the pages take from the code at build time, so that they cannot drift from 
 
 ``::: vmi_quant.per_token_cast``
     A public name (listed in its package's ``__all__``) is rewritten to the object's defining
-    module (griffe would find the submodule of the same name instead), with the public name as
-    the heading. Other ``:::`` identifiers are left to mkdocstrings as written.
+    module, with the public name as the heading. A ``*_parallel`` entry made by
+    ``vmi_core.library.parallel_entry`` (which griffe, reading the source, sees only as an
+    assignment) is rendered here: its heading, signature and docstring. Other ``:::``
+    identifiers are left to mkdocstrings as written.
 ``<!-- vmi:targets OP [OP ...] -->``
     Support per target of the named ops (names or aliases): their ``OpInfo.targets``, from
     ``vmi_core.registry.discover()``, and what the checks compare (``OpInfo.check_criterion``).
@@ -24,6 +26,7 @@ when a marker names an unknown op, family or marker kind.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import posixpath
 import re
@@ -40,7 +43,8 @@ _MARKER = re.compile(r"<!-- *vmi:(?P<kind>[\w-]+)(?P<args>[^>]*?) *-->")
 
 class _State:
     ops: dict[str, OpInfo] = {}  # name or alias -> op
-    public: dict[str, str] = {}  # "vmi_quant.cast" -> "vmi_quant.cast.cast"
+    public: dict[str, str] = {}  # "vmi_quant.cast" -> "vmi_quant.ops.cast.cast"
+    generated: dict[str, object] = {}  # public name -> a parallel_entry function
     pages: dict[str, str] = {}  # public name -> src_uri of the page documenting it
     shown: set[str] = set()  # op names rendered in a vmi:targets table
 
@@ -53,6 +57,8 @@ def on_config(config):
         for name in getattr(module, "__all__", ()):
             obj = getattr(module, name)
             _State.public[f"{package}.{name}"] = f"{obj.__module__}.{obj.__qualname__}"
+            if hasattr(obj, "parallel_of"):
+                _State.generated[f"{package}.{name}"] = obj
     _State.shown = set()
     return config
 
@@ -96,8 +102,13 @@ def _rewrite_directives(markdown: str) -> str:
             i += 1
             continue
         ident = match["ident"]
-        out.append(f"::: {_State.public[ident]}")
         i += 1
+        if ident in _State.generated:
+            while i < len(lines) and lines[i].startswith(" ") and lines[i].strip():
+                i += 1  # the directive's options
+            out.extend(_generated_entry(ident, _State.generated[ident]))
+            continue
+        out.append(f"::: {_State.public[ident]}")
         heading = [f'      heading: "{ident}"', f'      toc_label: "{ident.rpartition(".")[2]}"']
         if i < len(lines) and lines[i].strip() == "options:":
             out.append(lines[i])
@@ -106,6 +117,17 @@ def _rewrite_directives(markdown: str) -> str:
             out.append("    options:")
         out.extend(heading)
     return "\n".join(out)
+
+
+def _generated_entry(ident: str, entry) -> list[str]:
+    """Markdown for a ``parallel_entry`` function, laid out as mkdocstrings lays out the others."""
+    name = ident.rpartition(".")[2]
+    public = entry.parallel_of
+    signature = str(inspect.signature(entry)).replace("'", "")
+    doc = inspect.getdoc(entry).replace("``", "`")
+    doc = doc.replace(f"`{public.__name__}`", f"[`{public.__name__}`][{public.__module__}.{public.__qualname__}]", 1)
+    return [f"### `{ident}` {{ #{ident} data-toc-label=\"{name}\" }}", "", "```python", f"{name}{signature}", "```",
+            "", doc, ""]
 
 
 # --- markers ---
