@@ -166,7 +166,8 @@ class Command:
     ``arguments(inputs, options, flavor)`` -> further argument values computed from those;
     ``check(outputs, expected)`` -> mismatch lines (default: the results and the required mutable
     tensors bit for bit), ``check_criterion`` says what it compares; ``nbytes(inputs, outputs)`` ->
-    bytes moved (default: every input and output tensor); ``support``: see ``support``.
+    bytes moved (default: every input and output tensor); ``support``: see ``support``; ``name``:
+    the command's name for the op where it is not the op's own (then the op's is an alias).
     """
 
     summary: str
@@ -181,6 +182,7 @@ class Command:
     check_criterion: str = "bit for bit"
     nbytes: Callable | None = None
     aliases: tuple[str, ...] = ()
+    name: str | None = None
 
 
 class KernelOp:

@@ -172,7 +172,7 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
 
     outputs = op.returns + tuple(p.name for p in op.params if p.mutable and not p.optional)
     return OpInfo(
-        name=op.name,
+        name=command.name or op.name,
         family=op.family,
         summary=command.summary,
         default_shape=command.default_shape,
@@ -186,6 +186,6 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
         check=command.check or compare_named(outputs),
         source=_source(op),
         nbytes=command.nbytes or (lambda inputs, results: _tensor_bytes(inputs) + _tensor_bytes(results)),
-        aliases=command.aliases,
+        aliases=command.aliases + ((op.name,) if command.name else ()),
         check_criterion=command.check_criterion,
     )

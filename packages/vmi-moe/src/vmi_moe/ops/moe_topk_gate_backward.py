@@ -12,12 +12,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from vmi_core.checks import check_disjoint, check_float, check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import generator
 
 from ..inputs import check_scoring_func, check_topk, new_status, raise_status
 from ..kernels import moe_topk_gate_backward as parallel
 from ..reference import backward as reference
+from ..reference import gate as gate_reference
+from .demo import SCALE, SOURCE_EXPERTS, SUPPORT, close, padding_mask
 
 MAX_TOKENS_PER_SEQ = 2**31 - 1
 
@@ -109,13 +112,68 @@ def _run(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_facto
     return call.grad_logits
 
 
+def _inputs(shape, options, seed):
+    num_tokens, num_experts = shape
+    k, num_seqs = options["num_topk"], options["num_sequences"]
+    g = generator(seed)
+    mask = padding_mask(num_tokens)
+    _, weights, unmapped, scores = gate_reference.moe_topk_gate_forward(
+        torch.randn(shape, generator=g), k, False, 0, SCALE, 0, mask=mask, bias=torch.randn(num_experts, generator=g),
+        unmapped_topk_idx=torch.empty(num_tokens, k, dtype=torch.int64))
+    inputs = {"scores": scores, "topk_idx": unmapped, "topk_weights": weights,
+              "grad_topk_weights": torch.randn(num_tokens, k, generator=g), "mask": None, "grad_scores_sum": None}
+    if num_seqs:
+        inputs.update(mask=mask, grad_scores_sum=torch.randn(num_seqs, num_experts, generator=g))
+    return inputs
+
+
+def _check(outputs, expected) -> list[str]:
+    (grad,), (want,) = outputs, expected
+    # Not bitwise: the kernel computes in fp32 (E-term sums, exp, divisions) and the reference in
+    # float64; the spec's tolerance (measured error ~1e-7 of max|reference|).
+    return close("grad_logits", grad, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()) if want.numel() else 0.0)
+
+
+def _kernels(options, target, flavor):
+    """The backward kernel as the dispatch specialises it (``_prepare``) for a call with these options."""
+    k, num_seqs = options["num_topk"], options["num_sequences"]
+    num_tokens = max(num_seqs, 1)
+    scores = torch.empty(num_tokens, SOURCE_EXPERTS, device="meta")
+    weights = torch.empty(num_tokens, k, device="meta")
+    mask, grad_scores_sum = None, None
+    if num_seqs > 0:
+        mask = torch.empty(num_tokens, dtype=torch.bool, device="meta")
+        grad_scores_sum = torch.empty(num_seqs, SOURCE_EXPERTS, device="meta")
+    _, call = _prepare(scores, torch.empty(num_tokens, k, dtype=torch.int64, device="meta"), weights,
+                       torch.empty_like(weights), SCALE, "sqrtsoftplus", mask, grad_scores_sum, None, target, flavor)
+    return [(parallel.build_moe_topk_gate_backward, call.spec)]
+
+
+# The default two sequences need an even number of tokens.
+_BACKWARD_SHAPES = ((16384, 256), (4096, 384), (1024, 72), (2, 256), (4, 256), (16, 256))
+
 MOE_TOPK_GATE_BACKWARD = KernelOp(
     "moe_topk_gate_backward",
     (Param("scores", "Tensor"), Param("topk_idx", "Tensor"), Param("topk_weights", "Tensor"),
      Param("grad_topk_weights", "Tensor"), Param("routed_scaling_factor", "float"),
      Param("scoring_func", "str", "sqrtsoftplus"), Param("mask", "Tensor", None, optional=True),
      Param("grad_scores_sum", "Tensor", None, optional=True)),
-    ("grad_logits",), _run, outs=("out",))
+    ("grad_logits",), _run, outs=("out",),
+    command=Command(
+        summary="gradient of the MoE gate's weights and sequence-level auxiliary statistic w.r.t. the logits",
+        support=SUPPORT,
+        default_shape=(4096, 256),
+        bench_shapes=_BACKWARD_SHAPES,
+        make_inputs=_inputs,
+        kernels=_kernels,
+        options=(
+            Option("num_topk", 8, (1, 2, 4, 6, 8, 16, 32), "routed experts per token"),
+            Option("num_sequences", 2, help="sequences for the auxiliary term (0: no auxiliary term)"),
+        ),
+        arguments=lambda inputs, options, flavor: {"routed_scaling_factor": SCALE},
+        check=_check,
+        check_criterion="to rtol 1e-5, atol 1e-5 * max|reference|",
+    ))
 
 
 def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import generator
 
 from ..inputs import MAX_TOPK
 from ..kernels import normalize_weight as parallel
 from ..reference import normalize as reference
+from .demo import SUPPORT
 
 
 @dataclass
@@ -52,8 +54,25 @@ def _run(topk_weights, *, out, target, flavor, launch):
     return denominator, normalized
 
 
-NORMALIZE_WEIGHT = KernelOp("normalize_weight", (Param("topk_weights", "Tensor"),), ("denominator", "normalized"),
-                            _run)
+def _inputs(shape, options, seed):
+    return {"topk_weights": torch.rand(shape[0], options["num_topk"], generator=generator(seed))}
+
+
+def _kernels(options, target, flavor):
+    return [(parallel.build_normalize_weight, parallel.NormalizeWeightSpec(options["num_topk"], flavor))]
+
+
+NORMALIZE_WEIGHT = KernelOp(
+    "normalize_weight", (Param("topk_weights", "Tensor"),), ("denominator", "normalized"), _run,
+    command=Command(
+        summary="renormalise selected expert weights, summed in the gate's order",
+        support=SUPPORT,
+        default_shape=(16384, 8),
+        bench_shapes=((65536, 8), (16384, 8), (4096, 6), (1, 8), (4, 8), (16, 8)),
+        make_inputs=_inputs,
+        kernels=_kernels,
+        options=(Option("num_topk", 8, tuple(range(1, 33)), "weights per row"),),
+    ))
 
 
 def normalize_weight(topk_weights: torch.Tensor, *, target: str | None = None,

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
 from ..inputs import check_topk, new_status, raise_status
 from ..kernels import topk_gate as parallel
 from ..reference import topk as reference
+from .demo import SHAPES, SOURCE_EXPERTS, SUPPORT
 
 
 @dataclass
@@ -51,7 +53,25 @@ def _run(scores, num_topk, *, out, target, flavor, launch):
     return topk_idx
 
 
-TOPK_GATE = KernelOp("topk_gate", (Param("scores", "Tensor"), Param("num_topk", "int")), ("topk_idx",), _run)
+def _inputs(shape, options, seed):
+    return {"scores": randn(shape, seed)}
+
+
+def _kernels(options, target, flavor):
+    return [(parallel.build_topk_gate, parallel.TopkGateSpec(SOURCE_EXPERTS, options["num_topk"]))]
+
+
+TOPK_GATE = KernelOp(
+    "topk_gate", (Param("scores", "Tensor"), Param("num_topk", "int")), ("topk_idx",), _run,
+    command=Command(
+        summary="top-k expert indices per token, ties to the lowest index",
+        support=SUPPORT,
+        default_shape=(4096, 256),
+        bench_shapes=SHAPES,
+        make_inputs=_inputs,
+        kernels=_kernels,
+        options=(Option("num_topk", 8, (1, 2, 4, 6, 8, 16, 32), "experts per token"),),
+    ))
 
 
 def topk_gate(scores: torch.Tensor, num_topk: int, *, target: str | None = None,
