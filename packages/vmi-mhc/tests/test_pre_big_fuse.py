@@ -184,12 +184,12 @@ def test_outputs_allocated_when_none() -> None:
 
 
 def test_zero_tokens_launch_nothing(monkeypatch) -> None:
-    from vmi_mhc import pre_big_fuse_parallel
+    from vmi_mhc.kernels import pre_big_fuse as pre_big_fuse_kernel
 
     def refuse(*args, **kwargs):
         raise AssertionError("no kernel may run for zero tokens")
 
-    monkeypatch.setattr(pre_big_fuse_parallel, "launch", refuse)
+    monkeypatch.setattr(pre_big_fuse_kernel, "launch", refuse)
     inputs = make_inputs(0, HIDDEN, 16, 9)
     for name, got, shape in zip(NAMES, fused(inputs, "cpu", "ascend"), ((0, N), (0, N * N), (0, HIDDEN)),
                                 strict=True):

@@ -25,11 +25,12 @@ import pytest
 import torch
 
 from vmi_core import ascend_sim
+from vmi_core import kernel as vmi_kernel
 from vmi_core.ascend_sim import AscendSimError, SimKernel
 from vmi_core.compile import cache_dir, lower_ascend
 from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_mhc import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
-from vmi_mhc import pre_norm_fn_gemm_parallel as parallel
+from vmi_mhc.kernels import pre_norm_fn_gemm as parallel
 from vmi_mhc.reference import pre_norm_fn_gemm as reference
 
 U = 2.0**-24
@@ -363,9 +364,9 @@ def _run(kind: str) -> tuple[torch.Tensor, ...]:
                                       for m in SIM_MUTATIONS])
 def test_cube_model_reports_a_broken_kernel(mutation, monkeypatch):
     kind, mutate = SIM_MUTATIONS[mutation]
-    build = parallel.build_gemm_fwd if kind == "fwd" else parallel.build_gemm_bwd
+    build = (parallel.build_gemm_fwd if kind == "fwd" else parallel.build_gemm_bwd).build
     want = _run(kind)
-    compile_kernel = parallel.cached_kernel
+    compile_kernel = vmi_kernel.cached_kernel
 
     def broken_kernel(builder, spec, target, **config):
         if builder is not build:
@@ -376,7 +377,7 @@ def test_cube_model_reports_a_broken_kernel(mutation, monkeypatch):
         assert source != lowering.source
         return SimKernel(func, source, lowering.cores, lowering.ub_bytes, cache_dir() / "ascend-sim")
 
-    monkeypatch.setattr(parallel, "cached_kernel", broken_kernel)
+    monkeypatch.setattr(vmi_kernel, "cached_kernel", broken_kernel)
     for name in SIM_SCHEDULES:
         with sim_schedule(name):
             try:

@@ -14,7 +14,7 @@ from vmi_core.bench import Baseline, chunked_reference, in_row_chunks
 from vmi_core.targets import get_flavor
 from vmi_quant.config import get_amax_clamp_for_quant, get_token_alignment
 from vmi_quant.inputs import expert_rows
-from vmi_quant.ops import NORM_EPS
+from vmi_quant.ops.norm_forward import NORM_EPS
 
 _Q = {"e4m3": 448.0, "e2m1": 6.0}
 _E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint, check_in_place, check_int, check_kernel_extent, check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
 from ..inputs import check_streams
 from ..kernels import expand as parallel
 from ..reference import expand as reference
+from .demo import STREAM_OPTIONS, STREAM_SHAPES
 
 
 @dataclass
@@ -88,10 +90,29 @@ def _run_bwd(o_grad, *, out, target, flavor, launch):
     return x_grad
 
 
-EXPAND_TO_MHC_FWD = KernelOp("expand_to_mhc_fwd", (Param("x", "Tensor"), Param("mhc_mult", "int")), ("o",),
-                             _run_fwd, outs=("o",))
-EXPAND_TO_MHC_BWD = KernelOp("expand_to_mhc_bwd", (Param("o_grad", "Tensor"),), ("x_grad",), _run_bwd,
-                             outs=("x_grad",))
+def _kernels(build):
+    return lambda options, target, flavor: [(build, parallel.ExpandSpec(options["mhc_mult"]))]
+
+
+EXPAND_TO_MHC_FWD = KernelOp(
+    "expand_to_mhc_fwd", (Param("x", "Tensor"), Param("mhc_mult", "int")), ("o",), _run_fwd, outs=("o",),
+    command=Command(
+        summary="widen a hidden state into n residual streams (a bit copy per stream)",
+        support=support(), default_shape=(4096, 4096), bench_shapes=STREAM_SHAPES, options=STREAM_OPTIONS,
+        make_inputs=lambda shape, options, seed: {"x": randn(shape, seed, torch.bfloat16)},
+        kernels=_kernels(parallel.build_expand_fwd)))
+
+
+def _bwd_inputs(shape, options, seed):
+    return {"o_grad": randn((shape[0], options["mhc_mult"], shape[1]), seed, torch.bfloat16)}
+
+
+EXPAND_TO_MHC_BWD = KernelOp(
+    "expand_to_mhc_bwd", (Param("o_grad", "Tensor"),), ("x_grad",), _run_bwd, outs=("x_grad",),
+    command=Command(
+        summary="gradient of expand: the fp32 sum of the n stream gradients, rounded to bf16 once",
+        support=support(), default_shape=(4096, 4096), bench_shapes=STREAM_SHAPES, options=STREAM_OPTIONS,
+        make_inputs=_bwd_inputs, kernels=_kernels(parallel.build_expand_bwd)))
 
 
 def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor, *, target: str | None = None,

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint, check_int, check_kernel_extent, check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import generator
 
-from ..inputs import check_streams, finite_fp32
+from ..inputs import MAX_STREAMS, MHC_MULT, check_streams, finite_fp32
 from ..kernels import head_compute_mix as parallel
 from ..reference import head_compute_mix as reference
+from .demo import MIX_SHAPES, PRE_EPS
 
 # Partial rows a backward call may ask for: far more than any machine has workers, and small
 # enough that the (P, n) partial buffers stay within the kernels' 32-bit offsets.
@@ -137,18 +139,52 @@ def _given(*outputs):
     return None if all(t is None for t in outputs) else outputs
 
 
+_OPTIONS = (Option("mhc_mult", MHC_MULT, tuple(range(1, MAX_STREAMS + 1)), "residual streams n"),)
+_SUPPORT = support("SIMD vector regions; SIMT for the backward's final stores")
+
+
+def _inputs(shape, options, seed):
+    # TileKernels' test data: normal input, gain, biases and output gradient.
+    g = generator(seed)
+    num_tokens, n = shape[0], options["mhc_mult"]
+    return {"input_mix": torch.randn(num_tokens, n, generator=g), "mhc_scale": torch.randn(1, generator=g),
+            "mhc_base": torch.randn(n, generator=g), "output_mix_grad": torch.randn(num_tokens, n, generator=g)}
+
+
+def _fwd_inputs(shape, options, seed):
+    inputs = _inputs(shape, options, seed)
+    del inputs["output_mix_grad"]
+    return inputs
+
+
+def _kernels(build):
+    return lambda options, target, flavor: [(build, parallel.HeadComputeMixSpec(options["mhc_mult"], flavor))]
+
+
 MHC_HEAD_COMPUTE_MIX_FWD = KernelOp(
     "mhc_head_compute_mix_fwd",
     (Param("input_mix", "Tensor"), Param("mhc_scale", "Tensor"), Param("mhc_base", "Tensor"),
      Param("mhc_pre_eps", "float"), Param("token_block_size", "int", default=0)),
-    ("output_mix",), _run_fwd, outs=("output_mix",))
+    ("output_mix",), _run_fwd, outs=("output_mix",),
+    command=Command(
+        summary="LM-head pre mix: sigmoid of the n mixes with one gain, plus pre_eps",
+        support=_SUPPORT, default_shape=(8192,), bench_shapes=MIX_SHAPES, options=_OPTIONS,
+        make_inputs=_fwd_inputs, kernels=_kernels(parallel.build_head_compute_mix_fwd),
+        arguments=lambda inputs, options, flavor: {"mhc_pre_eps": PRE_EPS}))
 
 MHC_HEAD_COMPUTE_MIX_BWD = KernelOp(
     "mhc_head_compute_mix_bwd",
     (Param("output_mix_grad", "Tensor"), Param("input_mix", "Tensor"), Param("mhc_scale", "Tensor"),
      Param("mhc_base", "Tensor"), Param("num_sms", "int"), Param("token_block_size", "int", default=0)),
     ("input_mix_grad", "mhc_scale_grad_partial", "mhc_base_grad_partial"), _run_bwd,
-    outs=("input_mix_grad", "mhc_scale_grad_partial", "mhc_base_grad_partial"))
+    outs=("input_mix_grad", "mhc_scale_grad_partial", "mhc_base_grad_partial"),
+    command=Command(
+        summary="gradient of head_compute_mix w.r.t. the mixes, and P partial rows of the gain's and biases' "
+                "(fixed-order sums)",
+        support=_SUPPORT, default_shape=(8192,), bench_shapes=MIX_SHAPES,
+        options=(*_OPTIONS, Option("num_sms", 64, help="partial rows P of the parameter gradients (Ascend 950: 64 "
+                                                       "vector cores)")),
+        make_inputs=_inputs, kernels=_kernels(parallel.build_head_compute_mix_bwd)))
 
 
 def mhc_head_compute_mix_fwd(input_mix: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor,

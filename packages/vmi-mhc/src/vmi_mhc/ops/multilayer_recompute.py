@@ -13,12 +13,16 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint, check_in_place, check_kernel_extent, check_tensor, mark_written
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import compare_named, randn
 
+from ..inputs import MHC_MULT
 from ..kernels import multilayer_recompute as parallel
 from ..kernels import pre_apply_mix as pre_apply_mix_kernel
 from ..reference import multilayer_recompute as reference
+from .demo import RESIDUAL_SHAPES, SOURCE_HIDDEN
+from .post import SUPPORT
 from .pre_apply_mix import PreApplyMixFwdCall
 
 OP = "mhc_multilayer_recompute"
@@ -143,12 +147,61 @@ def _run(initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_
             mark_written(t)
 
 
+_OPTIONS = (
+    Option("mhc_mult", MHC_MULT, tuple(range(1, parallel.MAX_MHC_MULT + 1)), "residual streams n"),
+    Option("num_layers", 4, tuple(range(1, parallel.MAX_LAYERS + 1)), "layers L"),
+    Option("last_post", True, (True, False), "whether the last layer has a post update (L_post = L, else L - 1)"),
+)
+
+
+def _post_layers(options) -> int:
+    return options["num_layers"] - (0 if options["last_post"] else 1)
+
+
+def _inputs(shape, options, seed):
+    # Unnormalised randn mixes, as TileKernels' test draws them; each input list is one buffer's
+    # layers (the layout a caller that saves them for recomputation keeps), the outputs too.
+    tokens, hidden = shape
+    n, layers, post_layers = options["mhc_mult"], options["num_layers"], _post_layers(options)
+    return {
+        "initial_residual": randn((tokens, n, hidden), seed, torch.bfloat16),
+        "pre_mix_list": list(randn((layers, tokens, n, 1), seed + 1).unbind(0)),
+        "layer_output_list": list(randn((post_layers, tokens, hidden), seed + 2, torch.bfloat16).unbind(0)),
+        "post_mix_list": list(randn((post_layers, tokens, n, 1), seed + 3).unbind(0)),
+        "comb_mix_list": list(randn((post_layers, tokens, n, n), seed + 4).unbind(0)),
+        "layer_input_list": list(torch.zeros(layers, tokens, hidden, dtype=torch.bfloat16).unbind(0)),
+        "residual_list": list(torch.zeros(post_layers, tokens, n, hidden, dtype=torch.bfloat16).unbind(0)),
+    }
+
+
+def _check(outputs, expected) -> list[str]:
+    # The written lists, layer inputs then residuals, each tensor bit for bit.
+    names = [f"output {k}" for k in range(len(expected))]
+    if len(outputs) != len(expected):
+        return [f"  {len(outputs)} outputs vs {len(expected)} expected"]
+    return compare_named(names)(outputs, expected)
+
+
+def _kernels(options, target, flavor):
+    n, post_layers = options["mhc_mult"], _post_layers(options)
+    if not post_layers:
+        # One layer without a post update runs pre_apply_mix's kernel.
+        return [(pre_apply_mix_kernel.build_pre_apply_mix_fwd, pre_apply_mix_kernel.PreApplyMixFwdSpec(n, flavor))]
+    spec = parallel.MultilayerRecomputeSpec(n, SOURCE_HIDDEN, options["num_layers"], post_layers, flavor)
+    return [(parallel.build_multilayer_recompute, spec)]
+
+
 MHC_MULTILAYER_RECOMPUTE = KernelOp(
     OP,
     (Param("initial_residual", "Tensor"), Param("pre_mix_list", "Tensor[]"), Param("layer_output_list", "Tensor[]"),
      Param("post_mix_list", "Tensor[]"), Param("comb_mix_list", "Tensor[]"),
      Param("layer_input_list", "Tensor[]", mutable=True), Param("residual_list", "Tensor[]", mutable=True)),
-    (), _run)
+    (), _run,
+    command=Command(
+        summary="rebuild a run of layers' inputs and residuals from R_0: pre_apply_mix then post per layer, "
+                "bit for bit, in one kernel",
+        support=SUPPORT, default_shape=(1024, 4096), bench_shapes=RESIDUAL_SHAPES, options=_OPTIONS,
+        make_inputs=_inputs, kernels=_kernels, check=_check))
 
 
 def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[torch.Tensor],

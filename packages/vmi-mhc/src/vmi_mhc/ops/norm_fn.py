@@ -29,13 +29,15 @@ from vmi_core.checks import (
     check_tensor,
     mark_written,
 )
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.rstd import MAX_HIDDEN
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import generator
 
 from ..inputs import check_rms_eps
 from ..kernels import norm_fn as parallel
 from ..reference import norm_fn as reference
+from .demo import MIX, NORM_EPS, SPLITS_OPTIONS, group_size, partials
 
 
 @dataclass
@@ -138,9 +140,32 @@ def _run_merge_fwd(fn, normw, *, out, target, flavor, launch):
     return out_fn
 
 
+# The merge stages use the hidden size only (fn is (24, K)); the reduce stages take (tokens, hidden).
+_MERGE_SHAPES = ((1, 1280), (1, 4096), (1, 7168))
+_DEFAULT_SHAPE = (4096, 4096)
+_BENCH_SHAPES = ((8192, 4096), (8192, 7168), (4096, 1280), (16, 7168))
+
+
+def _merge_inputs(shape, options, seed):
+    g = generator(seed)
+    k = group_size(shape)
+    return {"fn": torch.randn(MIX, k, generator=g) * 1e-4, "normw": torch.randn(k, generator=g) * 0.1 + 1,
+            "out_fn_grad": torch.randn(MIX, k, generator=g), "fn_grad": torch.randn(MIX, k, generator=g),
+            "normw_grad": torch.randn(k, generator=g)}
+
+
+def _merge_fwd_inputs(shape, options, seed):
+    inputs = _merge_inputs(shape, options, seed)
+    return {"fn": inputs["fn"], "normw": inputs["normw"]}
+
+
 MHC_FN_NORMW_MERGE_FWD = KernelOp(
     "mhc_fn_normw_merge_fwd", (Param("fn", "Tensor"), Param("normw", "Tensor")), ("out_fn",), _run_merge_fwd,
-    outs=("out_fn",))
+    outs=("out_fn",),
+    command=Command(
+        summary="norm_fn stage A: merge the RMSNorm weight into the mix projection, fn · normw",
+        support=support(), default_shape=(1, 7168), bench_shapes=_MERGE_SHAPES, make_inputs=_merge_fwd_inputs,
+        kernels=lambda options, target, flavor: [(parallel.build_merge_fwd, parallel.MergeSpec(MIX))]))
 
 
 def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor, out_fn: torch.Tensor | None, *,
@@ -204,7 +229,12 @@ MHC_FN_NORMW_MERGE_BWD = KernelOp(
     "mhc_fn_normw_merge_bwd",
     (Param("fn", "Tensor"), Param("normw", "Tensor"), Param("out_fn_grad", "Tensor"),
      Param("fn_grad", "Tensor", mutable=True), Param("normw_grad", "Tensor", mutable=True)),
-    (), _run_merge_bwd)
+    (), _run_merge_bwd,
+    command=Command(
+        summary="norm_fn stage A': merge backward, accumulated into fn_grad and normw_grad (column-owned, "
+                "fused multiply-adds in row order)",
+        support=support(), default_shape=(1, 7168), bench_shapes=_MERGE_SHAPES, make_inputs=_merge_inputs,
+        kernels=lambda options, target, flavor: [(parallel.build_merge_bwd, parallel.MergeSpec(MIX))]))
 
 
 def mhc_fn_normw_merge_bwd(fn: torch.Tensor, normw: torch.Tensor, out_fn_grad: torch.Tensor, fn_grad: torch.Tensor,
@@ -280,11 +310,28 @@ def _run_reduce_fwd(out_mul_splitted, sqrsum_splitted, rms_group_size, rms_eps, 
     return out_mul, sqrsum, out_t
 
 
+def _reduce_fwd_inputs(shape, options, seed):
+    out_mul, sqrsums = partials(shape, options["n_splits"], seed)
+    # The hidden size is not in the partials' shapes: the group size comes with them.
+    return {"out_mul_splitted": out_mul, "sqrsum_splitted": sqrsums, "rms_group_size": group_size(shape)}
+
+
+def _reduce_kernels(build):
+    """The kernel ``build`` specialised on the default shape's group size."""
+    return lambda options, target, flavor: [
+        (build, parallel.ReduceSpec(MIX, group_size(_DEFAULT_SHAPE), NORM_EPS, flavor))]
+
+
 MHC_REDUCE_PARTIALS_AND_RMSNORM_FWD = KernelOp(
     "mhc_reduce_partials_and_rmsnorm_fwd",
     (Param("out_mul_splitted", "Tensor"), Param("sqrsum_splitted", "Tensor"), Param("rms_group_size", "int"),
      Param("rms_eps", "float"), Param("n_splits", "int")),
-    ("out_mul", "sqrsum", "out"), _run_reduce_fwd, outs=("out_mul", "sqrsum", "out"))
+    ("out_mul", "sqrsum", "out"), _run_reduce_fwd, outs=("out_mul", "sqrsum", "out"),
+    command=Command(
+        summary="norm_fn stage C: sum the split-K partials of the prenorm GEMM, RMS scale (per-flavor rsqrt)",
+        support=support(), default_shape=_DEFAULT_SHAPE, bench_shapes=_BENCH_SHAPES, options=SPLITS_OPTIONS,
+        make_inputs=_reduce_fwd_inputs, kernels=_reduce_kernels(parallel.build_reduce_fwd),
+        arguments=lambda inputs, options, flavor: {"rms_eps": NORM_EPS}))
 
 
 def mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted: torch.Tensor, sqrsum_splitted: torch.Tensor,
@@ -376,11 +423,22 @@ def _run_reduce_bwd(out_grad, out_mul, sqrsum, rms_group_size, rms_eps, *, out, 
     return out_mul_grad, sqrsum_grad
 
 
+def _reduce_bwd_inputs(shape, options, seed):
+    out_mul, sqrsums = partials(shape, 1, seed)
+    return {"out_grad": torch.randn(shape[0], MIX, generator=generator(seed + 1)), "out_mul": out_mul[0],
+            "sqrsum": sqrsums[0], "rms_group_size": group_size(shape)}
+
+
 MHC_REDUCE_PARTIALS_AND_RMSNORM_BWD = KernelOp(
     "mhc_reduce_partials_and_rmsnorm_bwd",
     (Param("out_grad", "Tensor"), Param("out_mul", "Tensor"), Param("sqrsum", "Tensor"),
      Param("rms_group_size", "int"), Param("rms_eps", "float")),
-    ("out_mul_grad", "sqrsum_grad"), _run_reduce_bwd, outs=("out_mul_grad", "sqrsum_grad"))
+    ("out_mul_grad", "sqrsum_grad"), _run_reduce_bwd, outs=("out_mul_grad", "sqrsum_grad"),
+    command=Command(
+        summary="norm_fn stage D: gradients of the reduced products and square sum from the mixes' gradient",
+        support=support(), default_shape=_DEFAULT_SHAPE, bench_shapes=_BENCH_SHAPES,
+        make_inputs=_reduce_bwd_inputs, kernels=_reduce_kernels(parallel.build_reduce_bwd),
+        arguments=lambda inputs, options, flavor: {"rms_eps": NORM_EPS}))
 
 
 def mhc_reduce_partials_and_rmsnorm_bwd(out_grad: torch.Tensor, out_mul: torch.Tensor, sqrsum: torch.Tensor,

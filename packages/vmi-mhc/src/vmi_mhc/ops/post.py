@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint, check_int, check_kernel_extent, check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
-from ..inputs import check_mhc_mult
+from ..inputs import MHC_MULT, check_mhc_mult
 from ..kernels import post as parallel
 from ..reference import post as reference
+from .demo import RESIDUAL_SHAPES, SOURCE_HIDDEN
 
 
 @dataclass
@@ -131,9 +133,46 @@ def _run_bwd(x, residual, post_layer_mix, comb_res_mix, d_o, *, out, target, fla
 _MIXES = (Param("x", "Tensor"), Param("residual", "Tensor"), Param("post_layer_mix", "Tensor"),
           Param("comb_res_mix", "Tensor"))
 
-MHC_POST_FWD = KernelOp("mhc_post_fwd", _MIXES, ("out",), _run_fwd, outs=("out",))
-MHC_POST_BWD = KernelOp("mhc_post_bwd", (*_MIXES, Param("d_o", "Tensor")),
-                        ("d_x", "d_residual", "d_post_layer_mix", "d_comb_res_mix"), _run_bwd)
+# Also multilayer_recompute's (the post chain).
+SUPPORT = support(ascend_sim="bit-exact against the reference")
+
+
+def _inputs(shape, n: int, seed: int) -> dict:
+    # Unnormalised randn mixes, as TileKernels' tests draw them; shape (B, S) = (tokens, 1).
+    tokens, hidden = shape
+    return {
+        "x": randn((tokens, 1, hidden), seed, torch.bfloat16),
+        "residual": randn((tokens, 1, n, hidden), seed + 1, torch.bfloat16),
+        "post_layer_mix": randn((tokens, 1, n, 1), seed + 2),
+        "comb_res_mix": randn((tokens, 1, n, n), seed + 3),
+    }
+
+
+MHC_POST_FWD = KernelOp(
+    "mhc_post_fwd", _MIXES, ("out",), _run_fwd, outs=("out",),
+    command=Command(
+        summary="the next widened residual: post[o] * x + sum_i comb[i, o] * residual[i], bf16",
+        support=SUPPORT, default_shape=(1024, 4096), bench_shapes=RESIDUAL_SHAPES,
+        options=(Option("mhc_mult", MHC_MULT, tuple(range(1, 9)), "residual streams n"),),
+        make_inputs=lambda shape, options, seed: _inputs(shape, options["mhc_mult"], seed),
+        kernels=lambda options, target, flavor: [
+            (parallel.build_post_fwd, parallel.PostForwardSpec(options["mhc_mult"], SOURCE_HIDDEN))]))
+
+
+def _bwd_inputs(shape, options, seed):
+    inputs = _inputs(shape, MHC_MULT, seed)
+    inputs["d_o"] = randn(tuple(inputs["residual"].shape), seed + 4, torch.bfloat16)
+    return inputs
+
+
+MHC_POST_BWD = KernelOp(
+    "mhc_post_bwd", (*_MIXES, Param("d_o", "Tensor")), ("d_x", "d_residual", "d_post_layer_mix", "d_comb_res_mix"),
+    _run_bwd,
+    command=Command(
+        summary="gradients of mhc_post_fwd: d_x, d_residual (bf16), d_post_layer_mix, d_comb_res_mix (fp32)",
+        support=SUPPORT, default_shape=(1024, 4096), bench_shapes=RESIDUAL_SHAPES, make_inputs=_bwd_inputs,
+        kernels=lambda options, target, flavor: [
+            (parallel.build_post_bwd, parallel.PostBackwardSpec(MHC_MULT, SOURCE_HIDDEN))]))
 
 
 def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,

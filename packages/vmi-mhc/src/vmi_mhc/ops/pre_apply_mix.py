@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint, check_in_place, check_kernel_extent, check_tensor, mark_written
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import generator, randn
 
 from ..inputs import check_streams
 from ..kernels import pre_apply_mix as parallel
 from ..reference import pre_apply_mix as reference
+from .demo import SOURCE_HIDDEN, STREAM_OPTIONS, STREAM_SHAPES, streams
 
 
 @dataclass
@@ -107,13 +109,43 @@ def _run_bwd(o_grad, x, mix, x_grad, *, out, target, flavor, launch):
     return mix_grad
 
 
-MHC_PRE_APPLY_MIX_FWD = KernelOp("mhc_pre_apply_mix_fwd", (Param("x", "Tensor"), Param("mix", "Tensor")), ("o",),
-                                 _run_fwd, outs=("o",))
+def _mix(num_tokens, n, seed):
+    return torch.softmax(torch.randn(num_tokens, n, generator=generator(seed)), dim=-1)
+
+
+def _fwd_inputs(shape, options, seed):
+    n = options["mhc_mult"]
+    return {"x": streams(shape, n, seed), "mix": _mix(shape[0], n, seed + 1)}
+
+
+MHC_PRE_APPLY_MIX_FWD = KernelOp(
+    "mhc_pre_apply_mix_fwd", (Param("x", "Tensor"), Param("mix", "Tensor")), ("o",), _run_fwd, outs=("o",),
+    command=Command(
+        summary="sublayer input: the mix-weighted sum of a token's n streams (the flavor's fp32 fma chain)",
+        support=support(), default_shape=(4096, 4096), bench_shapes=STREAM_SHAPES, options=STREAM_OPTIONS,
+        make_inputs=_fwd_inputs,
+        kernels=lambda options, target, flavor: [
+            (parallel.build_pre_apply_mix_fwd, parallel.PreApplyMixFwdSpec(options["mhc_mult"], flavor))]))
+
+
+def _bwd_inputs(shape, options, seed):
+    n = options["mhc_mult"]
+    return {"o_grad": randn(shape, seed + 2, torch.bfloat16), "x": streams(shape, n, seed),
+            "mix": _mix(shape[0], n, seed + 1), "x_grad": randn((shape[0], n, shape[1]), seed + 3, torch.bfloat16)}
+
+
 MHC_PRE_APPLY_MIX_BWD = KernelOp(
     "mhc_pre_apply_mix_bwd",
     (Param("o_grad", "Tensor"), Param("x", "Tensor"), Param("mix", "Tensor"),
      Param("x_grad", "Tensor", mutable=True)),
-    ("mix_grad",), _run_bwd)
+    ("mix_grad",), _run_bwd,
+    command=Command(
+        summary="gradients of pre_apply_mix: stream gradients accumulated in place, per-token mix "
+                "gradients (fixed-order sums)",
+        support=support(), default_shape=(4096, 4096), bench_shapes=STREAM_SHAPES, options=STREAM_OPTIONS,
+        make_inputs=_bwd_inputs,
+        kernels=lambda options, target, flavor: [
+            (parallel.build_pre_apply_mix_bwd, parallel.PreApplyMixBwdSpec(options["mhc_mult"], SOURCE_HIDDEN))]))
 
 
 def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: torch.Tensor, *, target: str | None = None,

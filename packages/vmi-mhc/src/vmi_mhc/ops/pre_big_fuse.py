@@ -23,14 +23,16 @@ from vmi_core.checks import (
     check_kernel_extent,
     check_tensor,
 )
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.rstd import MAX_HIDDEN
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import generator
 
-from ..inputs import check_mhc_mult, check_rms_eps, finite_fp32, mix_width, post_mult_fp32
+from ..inputs import MHC_MULT, check_mhc_mult, check_rms_eps, finite_fp32, mix_width, post_mult_fp32
 from ..kernels import pre_big_fuse as parallel
 from ..kernels.norm_fn import MAX_SPLITS
 from ..reference import pre_big_fuse as reference
+from .demo import MIX, NORM_EPS, POST_MULT, SOURCE_HIDDEN, SPLITS_OPTIONS, partials, streams
 
 _OP = "mhc_pre_big_fuse_fwd"
 
@@ -119,13 +121,39 @@ def _run(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, rms_eps, 
     return post_mix, comb_mix, layer_input
 
 
+# TileKernels' benchmark sizes, and a decode-size batch (shape: tokens, hidden H; 4 streams).
+_SHAPES = ((8192, 4096), (8192, 7168), (512, 4096), (16, 4096))
+
+
+def _inputs(shape, options, seed):
+    out_mul, sqrsums = partials(shape, options["n_splits"], seed)
+    g = generator(seed + 1)
+    return {"gemm_out_mul": out_mul[:, :, 0], "gemm_out_sqrsum": sqrsums[:, :, 0],
+            "mhc_scale": torch.randn(3, generator=g) * 0.1, "mhc_base": torch.randn(MIX, generator=g) * 0.1,
+            "residual": streams(shape, MHC_MULT, seed + 2)}
+
+
+def _arguments(inputs, options, flavor):
+    # TileKernels' test values (v1 test_pre_big_fuse; the post multiplier of the split tests).
+    return {"rms_eps": NORM_EPS, "mhc_pre_eps": 1e-6, "mhc_sinkhorn_eps": 1e-6, "mhc_post_mult_value": POST_MULT,
+            "sinkhorn_repeat": 10}
+
+
 MHC_PRE_BIG_FUSE_FWD = KernelOp(
     _OP,
     (Param("gemm_out_mul", "Tensor"), Param("gemm_out_sqrsum", "Tensor"), Param("mhc_scale", "Tensor"),
      Param("mhc_base", "Tensor"), Param("residual", "Tensor"), Param("rms_eps", "float"),
      Param("mhc_pre_eps", "float"), Param("mhc_sinkhorn_eps", "float"), Param("mhc_post_mult_value", "float"),
      Param("sinkhorn_repeat", "int"), Param("n_splits", "int", default=16)),
-    ("post_mix", "comb_mix", "layer_input"), _run, outs=("post_mix", "comb_mix", "layer_input"))
+    ("post_mix", "comb_mix", "layer_input"), _run, outs=("post_mix", "comb_mix", "layer_input"),
+    command=Command(
+        summary="inference pre in one kernel: reduce + RMS, split, Sinkhorn, pre mix applied (the pre mix "
+                "stays on chip; bit-exact to the unfused chain)",
+        support=support(cpu="bit-exact against the reference (= the unfused chain) in both flavors"),
+        default_shape=(4096, 4096), bench_shapes=_SHAPES, options=SPLITS_OPTIONS, make_inputs=_inputs,
+        kernels=lambda options, target, flavor: [
+            (parallel.build_pre_big_fuse, parallel.PreBigFuseSpec(MHC_MULT * SOURCE_HIDDEN, NORM_EPS, flavor))],
+        arguments=_arguments))
 
 
 def _given(*outputs):

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint, check_in_place, check_int, check_kernel_extent, check_tensor, mark_written
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import compare_named, randn
 
+from ..inputs import MHC_MULT, mix_width
 from ..kernels import pre_norm_fn_gemm as parallel
 from ..reference import pre_norm_fn_gemm as reference
+from .demo import SOURCE_HIDDEN
 
 MAX_MIX = parallel.N_PAD
 SPLIT_ALIGN = 64
@@ -105,10 +108,76 @@ def _run_fwd(x, fn, n_splits, *, out, target, flavor, launch):
     return call.out_mul, call.sqrsum
 
 
+# The command's shapes are (tokens, hidden H), K = 4·H.
+_OPTIONS = (
+    Option("mix", mix_width(MHC_MULT), (mix_width(2), mix_width(MHC_MULT), 32), "rows n3 of fn (mix entries)"),
+)
+_FWD_OPTIONS = (*_OPTIONS, Option("n_splits", 16, (1, 2, 4, 16), "K slices (split-K partials)"))
+_SUPPORT = {
+    "cpu": "runs; bit-exact against the reference (its fixed summation order), both flavors alike",
+    "ascend": "lowers to AscendC: T.gemm on the Cube unit, SIMD vector regions; runs on ascend-sim, not yet "
+              "on an NPU",
+    "ascend-sim": "runs the ascend source on the CPU model, Cube unit included: square sums and fn_grad bit-exact, "
+                  "the Cube's sums within the stated bound of the reference",
+    "cuda": "lowers (tensor-core MMA) and compiles with nvcc (sm_90a); not run without a GPU",
+}
+_SHAPES = ((8192, 4096), (4096, 7168), (4096, 1280), (16, 4096))
+
+
+def _within(name, actual, wanted, tolerance) -> list[str]:
+    bad = (actual.float() - wanted.float()).abs() > tolerance
+    if not bad.any():
+        return []
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    return [f"  {name}: {int(bad.sum())} values farther than the bound, first at {first}: "
+            f"{actual[first].item()!r} vs {wanted[first].item()!r}"]
+
+
+def _check(exact_names, summed):
+    """Bit for bit on the outputs every target computes in one order (square sums, fn_grad, cpu's
+    everything); the matrix units' sums (``summed``: name, position) within the docs page's bound."""
+    bitwise = compare_named(exact_names)
+
+    def check(outputs, expected):
+        name, at = summed
+        exact = [o for i, o in enumerate(outputs) if i != at]
+        lines = bitwise(exact, [e for i, e in enumerate(expected) if i != at])
+        actual, wanted = outputs[at].cpu(), expected[at].cpu()
+        if wanted.dtype == torch.bfloat16:
+            # One bf16 rounding step apart at most.
+            tolerance = wanted.float().abs() * 2.0**-7 + 2.0**-126
+        else:
+            # (γ(K_s - 1) + γ(2 K_s - 1)) · Σ|p|: for the command's random inputs Σ|p| is about
+            # sqrt(K_s) times a typical sum, so the bound is about 2^-9 of the largest sum.
+            tolerance = wanted.abs().amax() * 2.0**-9
+        return lines + _within(name, actual, wanted, tolerance)
+    return check
+
+
+def _fwd_inputs(shape, options, seed):
+    tokens, hidden = shape
+    return {"x": randn((tokens, MHC_MULT * hidden), seed, torch.bfloat16),
+            "fn": randn((options["mix"], MHC_MULT * hidden), seed + 1) * 1e-2}
+
+
+def _fwd_kernels(options, target, flavor):
+    # The TF32 split of fn, then the GEMM.
+    return [(parallel.build_tf32_split, parallel.Tf32SplitSpec()),
+            (parallel.build_gemm_fwd, parallel.GemmSpec(MHC_MULT * SOURCE_HIDDEN, options["mix"], options["n_splits"]))]
+
+
 MHC_PRE_NORM_FN_GEMM_FWD = KernelOp(
     "mhc_pre_norm_fn_gemm_fwd",
     (Param("x", "Tensor"), Param("fn", "Tensor"), Param("n_splits", "int", 1)),
-    ("out_mul_splitted", "sqrsum_splitted"), _run_fwd, outs=("out_mul_splitted", "sqrsum_splitted"))
+    ("out_mul_splitted", "sqrsum_splitted"), _run_fwd, outs=("out_mul_splitted", "sqrsum_splitted"),
+    command=Command(
+        summary="norm_fn's prenorm GEMM: split-K partials of x · tf32(fn)ᵀ and of Σx² (DeepGEMM "
+                "tf32_hc_prenorm_gemm)",
+        support=_SUPPORT, default_shape=(4096, 4096), bench_shapes=_SHAPES, options=_FWD_OPTIONS,
+        make_inputs=_fwd_inputs, kernels=_fwd_kernels,
+        check=_check(["sqrsum_splitted"], ("out_mul_splitted", 0)),
+        check_criterion="(square sums bit for bit; partial products within 2^-9 of the largest: the matrix "
+                        "units' order; cpu is bit-exact)"))
 
 
 def _prepare_bwd(out_mul_grad, sqrsum_grad, x, fn, x_grad, fn_grad, target, flavor) -> tuple[str, GemmBwdCall]:
@@ -149,11 +218,33 @@ def _run_bwd(out_mul_grad, sqrsum_grad, x, fn, x_grad, *, out, target, flavor, l
     return call.fn_grad
 
 
+def _bwd_inputs(shape, options, seed):
+    tokens, hidden = shape
+    mix = options["mix"]
+    return {**_fwd_inputs(shape, options, seed),
+            "out_mul_grad": randn((tokens, mix), seed + 2), "sqrsum_grad": randn((tokens,), seed + 3) * 1e-3,
+            "x_grad": randn((tokens, MHC_MULT * hidden), seed + 4, torch.bfloat16)}
+
+
+def _bwd_kernels(options, target, flavor):
+    # The TF32 splits of fn and of the mixes' gradient, then the GEMMs.
+    return [(parallel.build_tf32_split, parallel.Tf32SplitSpec()),
+            (parallel.build_gemm_bwd, parallel.GemmSpec(MHC_MULT * SOURCE_HIDDEN, options["mix"]))]
+
+
 MHC_PRE_NORM_FN_GEMM_BWD = KernelOp(
     "mhc_pre_norm_fn_gemm_bwd",
     (Param("out_mul_grad", "Tensor"), Param("sqrsum_grad", "Tensor"), Param("x", "Tensor"), Param("fn", "Tensor"),
      Param("x_grad", "Tensor", mutable=True)),
-    ("fn_grad",), _run_bwd, outs=("fn_grad",))
+    ("fn_grad",), _run_bwd, outs=("fn_grad",),
+    command=Command(
+        summary="backward of norm_fn's prenorm GEMM: x_grad accumulated in place, fn_grad (column-owned, "
+                "deterministic)",
+        support=_SUPPORT, default_shape=(4096, 4096), bench_shapes=_SHAPES, options=_OPTIONS,
+        make_inputs=_bwd_inputs, kernels=_bwd_kernels,
+        check=_check(["fn_grad"], ("x_grad", 1)),
+        check_criterion="(fn_grad bit for bit; x_grad within one bf16 step: the matrix units' order; cpu is "
+                        "bit-exact)"))
 
 
 def mhc_pre_norm_fn_gemm_fwd(x: torch.Tensor, fn: torch.Tensor, out_mul_splitted: torch.Tensor | None = None,

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint, check_kernel_extent, check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import generator
 
-from ..inputs import check_mhc_mult, finite_fp32, mix_width, post_mult_fp32
+from ..inputs import MHC_MULT, check_mhc_mult, finite_fp32, mix_width, post_mult_fp32
 from ..kernels import pre_split_mixes as parallel
 from ..reference import pre_split_mixes as reference
+from .demo import MIX_SHAPES, POST_MULT, PRE_EPS
 
 _OP = "mhc_pre_split_mixes"
 
@@ -162,12 +164,49 @@ def _given(*outputs):
     return None if all(t is None for t in outputs) else outputs
 
 
+_SUPPORT = support("SIMD vector regions; SIMT for the backward's final stores")
+
+
+def _parameters(g):
+    return {"mhc_scale": torch.randn(3, generator=g), "mhc_base": torch.randn(mix_width(MHC_MULT), generator=g)}
+
+
+def _fwd_inputs(shape, options, seed):
+    g = generator(seed)
+    return {"input_mixes": torch.randn(shape[0], mix_width(MHC_MULT), generator=g), **_parameters(g)}
+
+
 MHC_PRE_SPLIT_MIXES_FWD = KernelOp(
     "mhc_pre_split_mixes_fwd",
     (Param("input_mixes", "Tensor"), Param("mhc_scale", "Tensor"), Param("mhc_base", "Tensor"),
      Param("mhc_post_mult_value", "float"), Param("mhc_pre_eps", "float")),
     ("pre_layer_mix", "post_layer_mix", "comb_res_mix"), _run_fwd,
-    outs=("pre_layer_mix", "post_layer_mix", "comb_res_mix"))
+    outs=("pre_layer_mix", "post_layer_mix", "comb_res_mix"),
+    command=Command(
+        summary="split the mix vector into the pre and post mixes (sigmoid) and the comb logits",
+        support=_SUPPORT, default_shape=(8192,), bench_shapes=MIX_SHAPES, make_inputs=_fwd_inputs,
+        kernels=lambda options, target, flavor: [(parallel.build_pre_split_mixes_fwd,
+                                                  parallel.PreSplitMixesSpec(flavor))],
+        arguments=lambda inputs, options, flavor: {"mhc_post_mult_value": POST_MULT, "mhc_pre_eps": PRE_EPS}))
+
+
+def _bwd_inputs(shape, options, seed):
+    g = generator(seed)
+    num_tokens, n = shape[0], MHC_MULT
+    inputs = {"input_mixes": torch.randn(num_tokens, mix_width(n), generator=g), **_parameters(g),
+              "pre_layer_mix_grad": torch.randn(num_tokens, n, generator=g),
+              "post_layer_mix_grad": torch.randn(num_tokens, n, generator=g),
+              "comb_res_mix_grad": torch.randn(num_tokens, n * n, generator=g)}
+    _, inputs["post_layer_mix"], _ = reference.pre_split_mixes_fwd(
+        inputs["input_mixes"], inputs["mhc_scale"], inputs["mhc_base"], POST_MULT, PRE_EPS)
+    return inputs
+
+
+def _bwd_kernels(options, target, flavor):
+    # The tile kernel, then the reduction of its partial rows.
+    return [(parallel.build_pre_split_mixes_bwd, parallel.PreSplitMixesSpec(flavor)),
+            (parallel.build_pre_split_mixes_bwd_reduce, parallel.REDUCE_SPEC)]
+
 
 MHC_PRE_SPLIT_MIXES_BWD = KernelOp(
     "mhc_pre_split_mixes_bwd",
@@ -175,7 +214,12 @@ MHC_PRE_SPLIT_MIXES_BWD = KernelOp(
      Param("comb_res_mix_grad", "Tensor"), Param("input_mixes", "Tensor"), Param("post_layer_mix", "Tensor"),
      Param("mhc_scale", "Tensor"), Param("mhc_base", "Tensor"), Param("mhc_post_mult_value", "float")),
     ("input_mixes_grad", "mhc_scale_grad", "mhc_base_grad"), _run_bwd,
-    outs=("input_mixes_grad", "mhc_scale_grad", "mhc_base_grad"))
+    outs=("input_mixes_grad", "mhc_scale_grad", "mhc_base_grad"),
+    command=Command(
+        summary="gradient of pre_split_mixes w.r.t. the mix vector, the gains and the biases (fixed-order sums)",
+        support=_SUPPORT, default_shape=(8192,), bench_shapes=MIX_SHAPES, make_inputs=_bwd_inputs,
+        kernels=_bwd_kernels, arguments=lambda inputs, options, flavor: {"mhc_post_mult_value": POST_MULT}))
+
 
 def mhc_pre_split_mixes_fwd(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor,
                             pre_layer_mix: torch.Tensor | None, post_layer_mix: torch.Tensor | None,

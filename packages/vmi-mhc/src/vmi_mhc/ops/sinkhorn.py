@@ -15,10 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import INT32_MAX, check_disjoint, check_float, check_int, check_kernel_extent, check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import generator
 
-from ..inputs import check_mhc_mult
+from ..inputs import MHC_MULT, check_mhc_mult
 from ..kernels import sinkhorn as parallel
 from ..reference import sinkhorn as reference
 
@@ -128,14 +129,49 @@ def _run_backward(grad_output, x, repeat, eps, *, out, target, flavor, launch):
     return call.grad_input
 
 
+_OPTIONS = (
+    Option("repeat", 10, help="Sinkhorn iterations (the backward takes 1 to 16)"),
+    Option("eps", "1e-6", help="added after the softmax and to every denominator"),
+)
+# Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
+_SHAPES = ((65536,), (8192,), (512,), (1,), (4,), (16,))
+
+
+def _arguments(inputs, options, flavor):
+    return {"eps": float(options["eps"])}
+
+
+def _kernels(build):
+    return lambda options, target, flavor: [(build, parallel.SinkhornSpec(flavor))]
+
+
+def _forward_inputs(shape, options, seed):
+    return {"comb_res_mix": torch.randn(shape[0], MHC_MULT, MHC_MULT, generator=generator(seed))}
+
+
 MHC_SINKHORN_FWD = KernelOp(
     "mhc_sinkhorn_fwd", (Param("comb_res_mix", "Tensor"), Param("repeat", "int"), Param("eps", "float")),
-    ("comb_res_mix_out",), _run_forward, outs=("comb_res_mix_out",))
+    ("comb_res_mix_out",), _run_forward, outs=("comb_res_mix_out",),
+    command=Command(
+        summary="Sinkhorn projection of the 4x4 comb logits onto (near) doubly-stochastic matrices",
+        support=support(), default_shape=(8192,), bench_shapes=_SHAPES, options=_OPTIONS,
+        make_inputs=_forward_inputs, kernels=_kernels(parallel.build_sinkhorn_forward), arguments=_arguments))
+
+
+def _backward_inputs(shape, options, seed):
+    g = generator(seed)
+    return {"grad_output": torch.randn(shape[0], MHC_MULT, MHC_MULT, generator=g),
+            "x": torch.randn(shape[0], MHC_MULT, MHC_MULT, generator=g)}
+
 
 MHC_SINKHORN_BWD = KernelOp(
     "mhc_sinkhorn_bwd",
     (Param("grad_output", "Tensor"), Param("x", "Tensor"), Param("repeat", "int"), Param("eps", "float")),
-    ("grad_input",), _run_backward, outs=("grad_input",))
+    ("grad_input",), _run_backward, outs=("grad_input",),
+    command=Command(
+        summary="gradient of the Sinkhorn projection w.r.t. the comb logits, by recomputing the forward",
+        support=support(), default_shape=(8192,), bench_shapes=_SHAPES, options=_OPTIONS,
+        make_inputs=_backward_inputs, kernels=_kernels(parallel.build_sinkhorn_backward), arguments=_arguments))
 
 
 def mhc_sinkhorn_fwd(comb_res_mix: torch.Tensor, comb_res_mix_out: torch.Tensor | None, repeat: int, eps: float, *,

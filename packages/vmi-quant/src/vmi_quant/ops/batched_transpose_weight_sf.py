@@ -27,10 +27,12 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import INT32_MAX, check_disjoint, check_kernel_extent, check_tensor, is_traced
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import generator, randn
 
 from ..kernels import batched_transpose_weight_sf as parallel
+from ..reference.cast import cast as reference_cast
 from ..reference.transpose import batched_transpose_weight_sf as reference_transpose
 
 # Every weight dimension is a multiple of this; so is every output's size in elements, which keeps
@@ -200,10 +202,47 @@ def _run(sf, block_size, transpose_sf1s, *, out, target, flavor, launch):
     return pool
 
 
+_OPTIONS = (
+    Option("block_size", 32, (32, 128), "weight rows and columns per scaling block"),
+    Option("num_weights", 4, help="weights of the shape, each with its own scales"),
+    Option("num_groups", 0, help="groups per weight: (G, n/bs, k/bs) scales (0: 2-D scales)"),
+    Option("transpose_sf1", False, help="return each transposed weight's SF as (P1, k)"),
+)
+
+
+def _inputs(shape, options, seed):
+    # The power-of-two block scales a per-block cast gives each weight (n, k) = shape, G at a time;
+    # rows and columns of the weights spread over 2^-8 .. 2^8, so the exponents vary by block.
+    n, k = shape
+    bs, groups = options["block_size"], options["num_groups"]
+    sf = []
+    for i in range(options["num_weights"]):
+        rows = max(groups, 1) * n
+        g = generator(seed + i)
+        spread = torch.randint(-4, 5, (rows, 1), generator=g) + torch.randint(-4, 5, (1, k), generator=g)
+        _, scales = reference_cast(randn((rows, k), seed + i) * torch.exp2(spread.float()), "e4m3", (bs, bs),
+                                   round_sf=True)
+        sf.append(scales.view(groups, n // bs, k // bs) if groups else scales)
+    return {"sf": sf}
+
+
+def _kernels(options, target, flavor):
+    spec = parallel.TransposeSpec(options["block_size"], resolve_flavor(target, flavor).ue8m0_pack)
+    return [(parallel.build_batched_transpose_weight_sf, spec)]
+
+
 BATCHED_TRANSPOSE_WEIGHT_SF = KernelOp(
     "batched_transpose_weight_sf",
     (Param("sf", "Tensor[]"), Param("block_size", "int"), Param("transpose_sf1s", "bool[]")),
-    ("pool",), _run, outs=("outs",), out_list=True)
+    ("pool",), _run, outs=("outs",), out_list=True,
+    command=Command(
+        summary="packed UE8M0 SF of weights (n, k) and of their transposes from power-of-two block scales",
+        support=support("SIMT and SIMD vector regions",
+                        cpu="bit-exact against the reference in both flavors, block 32 and 128"),
+        default_shape=(1024, 4096), bench_shapes=((4096, 7168), (7168, 2048), (1024, 4096)),
+        make_inputs=_inputs, kernels=_kernels, options=_OPTIONS,
+        arguments=lambda inputs, options, flavor: {
+            "transpose_sf1s": [options["transpose_sf1"]] * options["num_weights"]}))
 
 
 def batched_transpose_weight_sf(sf: Sequence[torch.Tensor], block_size: int, transpose_sf1s: Sequence[bool],

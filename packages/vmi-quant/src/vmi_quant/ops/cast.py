@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
 from ..kernels import cast as parallel
 from ..reference import elementwise as reference
+from . import demo
 
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 
@@ -68,8 +70,33 @@ def _run(x, dtype, stochastic_rounding, *, out, target, flavor, launch):
     return call.out
 
 
-CAST = KernelOp("cast", (Param("x", "Tensor"), Param("dtype", "ScalarType"),
-                         Param("stochastic_rounding", "bool", False)), ("out",), _run)
+_DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
+_OPTIONS = (
+    Option("in_dtype", "fp32", tuple(_DTYPES_BY_NAME), "input dtype"),
+    Option("dtype", "bf16", tuple(_DTYPES_BY_NAME), "output dtype"),
+    Option("stochastic_rounding", False, help="stochastic rounding (fp32->bf16, fp32->e4m3, bf16->e4m3)"),
+)
+
+
+def _inputs(shape, options, seed):
+    return {"x": randn(shape, seed, torch.float32).to(_DTYPES_BY_NAME[options["in_dtype"]])}
+
+
+def _kernels(options, target, flavor):
+    spec = parallel.CastSpec(options["in_dtype"], options["dtype"], options["stochastic_rounding"])
+    return [(parallel.build_cast, spec)]
+
+
+CAST = KernelOp(
+    "cast", (Param("x", "Tensor"), Param("dtype", "ScalarType"), Param("stochastic_rounding", "bool", False)),
+    ("out",), _run,
+    command=Command(
+        summary="elementwise fp32 / bf16 / E4M3 conversion, optionally with stochastic rounding",
+        support=support("SIMD vector region; DMA only for a same-format cast",
+                        cpu="bit-exact against the reference, every format pair and stochastic rounding",
+                        ascend_sim="bit-exact against the reference"),
+        default_shape=(1024, 4096), bench_shapes=demo.BENCH_SHAPES, make_inputs=_inputs, kernels=_kernels,
+        options=_OPTIONS, arguments=lambda inputs, options, flavor: {"dtype": _DTYPES_BY_NAME[options["dtype"]]}))
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False, *, target: str | None = None,

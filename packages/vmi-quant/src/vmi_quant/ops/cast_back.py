@@ -12,12 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import INT32_MAX, check_int
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
 from .. import reference
 from ..inputs import decode_input, split_pair
 from ..kernels import cast_back as parallel
+from . import demo
 
 OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -70,9 +72,59 @@ def _run(data, sf, fmt, x_block_size, x_special_fmt, *, out, target, flavor, lau
     return call.out
 
 
-CAST_BACK = KernelOp("cast_back", (Param("x_data", "Tensor"), Param("x_sf", "Tensor"), Param("fmt", "str"),
-                                   Param("x_block_size", "int[]"), Param("x_special_fmt", "str", None, optional=True)),
-                     ("out",), _run)
+_OPTIONS = (
+    Option("fmt", "bf16", ("bf16", "fp32"), "output format"),
+    Option("x_fmt", "e4m3", ("e4m3", "e2m1"), "format of the quantized input"),
+    Option("block_m", 1, help="tokens per scaling block"),
+    Option("block_k", 32, help="channels per scaling block"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors (block_k > 1)"),
+    Option("use_e4m3_sf", False, help="E4M3 scaling factors"),
+)
+
+
+_DEFAULT_SHAPE = (1024, 4096)
+
+
+def _block(options) -> tuple[int, int]:
+    return options["block_m"], options["block_k"]
+
+
+def _inputs(shape, options, seed):
+    # Quantized once per flavor (packed UE8M0 words differ); run and reference pick theirs.
+    flags = ("round_sf", "use_packed_ue8m0", "use_tma_aligned_col_major_sf", "use_e4m3_sf")
+    x = randn(shape, seed)
+    return {flavor: reference.cast(x, options["x_fmt"], _block(options), flavor=flavor,
+                                   **{k: options[k] for k in flags})
+            for flavor in ("ascend", "cuda")}
+
+
+def _arguments(inputs, options, flavor):
+    data, sf = inputs[flavor]
+    return {"x_data": data, "x_sf": sf, "x_block_size": _block(options)}
+
+
+def _nbytes(inputs, outputs) -> int:
+    return sum(t.numel() * t.element_size() for t in (*inputs["ascend"], *outputs))
+
+
+def _kernels(options, target, flavor):
+    x = demo.on_meta(_inputs(_DEFAULT_SHAPE, options, 0)[flavor])
+    _, _, call = _prepare(x, options["fmt"], _block(options), None, target, flavor)
+    return [(parallel.build_cast_back, call.spec)]
+
+
+CAST_BACK = KernelOp(
+    "cast_back", (Param("x_data", "Tensor"), Param("x_sf", "Tensor"), Param("fmt", "str"),
+                  Param("x_block_size", "int[]"), Param("x_special_fmt", "str", None, optional=True)),
+    ("out",), _run,
+    command=Command(
+        summary="dequantization of E4M3 / FP4 data with block scaling factors to bf16 / fp32",
+        support=support("SIMT and SIMD vector regions",
+                        cpu="bit-exact against the reference in both flavors, every block and SF layout"),
+        default_shape=_DEFAULT_SHAPE, bench_shapes=demo.BENCH_SHAPES, make_inputs=_inputs, kernels=_kernels,
+        options=_OPTIONS, arguments=_arguments, nbytes=_nbytes, aliases=("per_token_cast_back",)))
 
 
 def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int],

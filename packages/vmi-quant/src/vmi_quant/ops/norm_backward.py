@@ -18,12 +18,14 @@ from vmi_core.checks import (
     check_tensor,
     mark_written,
 )
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import compare_named, randn
 
 from .. import reference
 from ..inputs import PLAIN_DTYPES, check_matrix, check_same_device
 from ..kernels import norm_backward as parallel
+from . import demo
 
 
 @dataclass
@@ -106,12 +108,61 @@ def _run(out_grad, x, weight, rstd, residual_out_grad, out_scale, weight_grad, *
     return call.x_grad
 
 
+_OPTIONS = (
+    Option("in_dtype", "bf16", tuple(demo.IN_DTYPES), "dtype of x, out_grad and the weight"),
+    Option("weight_grad_dtype", "fp32", tuple(demo.IN_DTYPES), "dtype of the accumulated weight gradient"),
+    Option("with_residual_grad", False, help="add a residual_out_grad"),
+    Option("scaled", False, help="out_scale 0.3 (else 1.0)"),
+)
+_DEFAULT_SHAPE = (1024, 4096)
+_EPS = 1e-6
+
+
+def _inputs(shape, options, seed):
+    dtype = demo.IN_DTYPES[options["in_dtype"]]
+    rows, hidden = shape
+    x = randn(shape, seed, dtype)
+    inputs = {
+        "out_grad": randn(shape, seed + 1, dtype),
+        "x": x,
+        "weight": randn((hidden,), seed + 2, dtype),
+        # The forward's saved rstd.
+        "rstd": torch.rsqrt(x.float().square().mean(-1) + _EPS),
+        "weight_grad": randn((hidden,), seed + 3, demo.IN_DTYPES[options["weight_grad_dtype"]]),
+    }
+    if options["with_residual_grad"]:
+        inputs["residual_out_grad"] = randn(shape, seed + 4, dtype)
+    return inputs
+
+
+def _out_scale(options) -> float:
+    return 0.3 if options["scaled"] else 1.0
+
+
+def _kernels(options, target, flavor):
+    # The kernels are specialised on the hidden size: that of the default shape. With a weight
+    # (always, here) the row kernel's partial sums are reduced into weight_grad by a second one.
+    hidden = _DEFAULT_SHAPE[1]
+    spec = parallel.NormBackwardSpec(options["in_dtype"], hidden, True, options["with_residual_grad"],
+                                     _out_scale(options), resolve_flavor(target, flavor).name)
+    reduce_spec = parallel.WeightGradReduceSpec(hidden, options["weight_grad_dtype"])
+    return [(parallel.build_norm_backward, spec), (parallel.build_weight_grad_reduce, reduce_spec)]
+
+
 NORM_BACKWARD = KernelOp(
     "norm_backward",
     (Param("out_grad", "Tensor"), Param("x", "Tensor"), Param("weight", "Tensor", optional=True),
      Param("rstd", "Tensor"), Param("residual_out_grad", "Tensor", None, optional=True),
      Param("out_scale", "float", 1.0), Param("weight_grad", "Tensor", None, optional=True, mutable=True)),
-    ("x_grad",), _run)
+    ("x_grad",), _run,
+    command=Command(
+        summary="RMSNorm backward: x_grad, and the weight gradient accumulated into a bf16/fp32 buffer "
+                "(deterministic partial sums)",
+        support=support(cpu="bit-exact against the reference in both flavors, with and without weight"),
+        default_shape=_DEFAULT_SHAPE, bench_shapes=((8001, 7168), (4096, 4096), (1024, 4096), (16, 7168)),
+        make_inputs=_inputs, kernels=_kernels, options=_OPTIONS,
+        arguments=lambda inputs, options, flavor: {"out_scale": _out_scale(options)},
+        check=compare_named(("x_grad", "weight_grad"))))
 
 
 def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor,

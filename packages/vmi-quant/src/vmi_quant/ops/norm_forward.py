@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_bool, check_disjoint, check_float, check_int, check_kernel_extent, check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.rstd import rstd_constants
 from vmi_core.sf_layout import SFLayout, align, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
 from .. import reference
 from ..config import get_amax_clamp_for_quant
@@ -28,6 +29,7 @@ from ..inputs import PLAIN_DTYPES, check_same_device
 from ..kernels import norm_forward as parallel
 from ..kernels.common import ScaleRule
 from ..reference.norm import mega_moe_window
+from . import demo
 
 NUM_PER_CHANNELS = 32
 MEGA_SLAB = 128
@@ -170,11 +172,47 @@ def _run_norm(x, weight, eps, residual, out_scale, *, out, target, flavor, launc
     return out_t, rstd, residual_out
 
 
+# The RMS epsilon of the command's calls (TileKernels' tests use 1e-6).
+NORM_EPS = 1e-6
+_OPTIONS = (
+    Option("in_dtype", "bf16", tuple(demo.IN_DTYPES), "input dtype"),
+    Option("use_weight", True, help="a weight (else unit weight)"),
+    Option("use_residual", False, help="a residual added first (returned as residual_out)"),
+)
+_DEFAULT_SHAPE = (1024, 4096)
+
+
+def _inputs(shape, options, seed):
+    dtype = demo.IN_DTYPES[options["in_dtype"]]
+    inputs = {"x": randn(shape, seed, dtype)}
+    if options["use_weight"]:
+        inputs["weight"] = randn(shape[-1:], seed + 1, dtype)
+    if options["use_residual"]:
+        inputs["residual"] = randn(shape, seed + 2, dtype)
+    return inputs
+
+
+def _kernels(options, target, flavor, quantize=False):
+    # The kernel is specialised on the hidden size: that of the default shape.
+    cast = {}
+    if quantize:
+        cast = dict(round_sf=options["round_sf"], col_major=options["use_tma_aligned_col_major_sf"],
+                    packed=options["use_packed_ue8m0"], with_out_bf16=options["with_out_bf16"])
+    spec = make_spec(options["in_dtype"], _DEFAULT_SHAPE[1], NORM_EPS, resolve_flavor(target, flavor), 1.0,
+                     options["use_weight"], options["use_residual"], quantize, **cast)
+    return [(parallel.build_norm_forward, spec)]
+
+
 NORM_FORWARD = KernelOp(
     "norm_forward",
     (Param("x", "Tensor"), Param("weight", "Tensor", optional=True), Param("eps", "float"),
      Param("residual", "Tensor", None, optional=True), Param("out_scale", "float", 1.0)),
-    ("out", "rstd", "residual_out"), _run_norm, outs=("out", "rstd_out", "residual_out"))
+    ("out", "rstd", "residual_out"), _run_norm, outs=("out", "rstd_out", "residual_out"),
+    command=Command(
+        summary="RMSNorm over the last dim (optional residual add, weight, out_scale) with its rstd",
+        support=demo.PARALLEL_SUPPORT, default_shape=_DEFAULT_SHAPE, bench_shapes=demo.BENCH_SHAPES,
+        make_inputs=_inputs, kernels=_kernels, options=_OPTIONS,
+        arguments=lambda inputs, options, flavor: {"eps": NORM_EPS}))
 
 
 def _mega_moe_check(mega_moe_sf, mega_moe_block_m, x, round_sf, tokens, hidden):
@@ -312,6 +350,13 @@ def _run_cast(x, weight, eps, fmt, num_per_channels, residual, out_scale, use_tm
     return data, sf_returned, out_bf16, rstd, residual_out
 
 
+_CAST_OPTIONS = _OPTIONS + (
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+    Option("with_out_bf16", False, help="also the bf16 normalised output"),
+)
+
 NORM_FORWARD_AND_PER_TOKEN_CAST = KernelOp(
     "norm_forward_and_per_token_cast",
     (Param("x", "Tensor"), Param("weight", "Tensor", optional=True), Param("eps", "float"), Param("fmt", "str"),
@@ -321,7 +366,13 @@ NORM_FORWARD_AND_PER_TOKEN_CAST = KernelOp(
      Param("with_out_bf16", "bool", False), Param("mega_moe_sf", "Tensor", None, optional=True, mutable=True),
      Param("mega_moe_block_m", "int", 0)),
     ("data", "sf", "out_bf16", "rstd", "residual_out"), _run_cast,
-    outs=("out_data", "out_sf", "out_bf16", "out_rstd", "residual_out"))
+    outs=("out_data", "out_sf", "out_bf16", "out_rstd", "residual_out"),
+    command=Command(
+        summary="RMSNorm fused with a per-token E4M3 cast of its output (groups of 32, every SF layout)",
+        support=demo.PARALLEL_SUPPORT, default_shape=_DEFAULT_SHAPE, bench_shapes=demo.BENCH_SHAPES,
+        make_inputs=_inputs, kernels=lambda options, target, flavor: _kernels(options, target, flavor, True),
+        options=_CAST_OPTIONS,
+        arguments=lambda inputs, options, flavor: {"eps": NORM_EPS, "fmt": "e4m3", "num_per_channels": 32}))
 
 
 def _norm_input(x: torch.Tensor, residual, residual_out: torch.Tensor) -> torch.Tensor:

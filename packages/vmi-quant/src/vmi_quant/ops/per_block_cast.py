@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
@@ -31,6 +31,7 @@ from ..inputs import (
 )
 from ..kernels import per_block_cast as parallel
 from ..kernels.common import ScaleRule
+from . import demo
 from .per_token_cast import SF_FLAGS
 
 _NAMES = {"cast": "per_block_cast", "sf_only": "per_block_cast_with_sf_only",
@@ -168,8 +169,36 @@ def _run_precomputed_sf(x, fmt, block_size, sf, use_tma_aligned_col_major_sf, ro
 _X_FMT_BLOCK = (Param("x", "Tensor"), Param("fmt", "str"), Param("block_size", "int[]"))
 _SF_FLAGS = SF_FLAGS[:3]
 
-PER_BLOCK_CAST = KernelOp("per_block_cast", (*_X_FMT_BLOCK, *_SF_FLAGS), ("data", "sf"), _run_cast,
-                          outs=("out_data", "out_sf"))
+_OPTIONS = (
+    Option("fmt", "e4m3", ("e4m3", "e2m1"), "output format"),
+    Option("block_m", 128, (32, 128), "tokens per scaling block"),
+    Option("block_k", 128, (32, 128), "channels per scaling block"),
+    Option("in_dtype", "bf16", tuple(demo.IN_DTYPES), "input dtype"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+)
+_DEFAULT_SHAPE = (1024, 4096)
+
+
+def _block_size(options) -> tuple[int, int]:
+    return options["block_m"], options["block_k"]
+
+
+def _kernels(options, target, flavor):
+    x = demo.meta(_DEFAULT_SHAPE, demo.IN_DTYPES[options["in_dtype"]])
+    _, call = _prepare("cast", x, options["fmt"], _block_size(options), options["use_tma_aligned_col_major_sf"],
+                       options["round_sf"], options["use_packed_ue8m0"], None, None, target, flavor)
+    return [(parallel.build_per_block_cast, call.spec)]
+
+
+PER_BLOCK_CAST = KernelOp(
+    "per_block_cast", (*_X_FMT_BLOCK, *_SF_FLAGS), ("data", "sf"), _run_cast, outs=("out_data", "out_sf"),
+    command=Command(
+        summary="per-block (bm x bk) FP8 (E4M3) / FP4 (E2M1) quantization with block scaling factors",
+        support=demo.PARALLEL_SUPPORT, default_shape=_DEFAULT_SHAPE, bench_shapes=demo.BLOCK_BENCH_SHAPES,
+        make_inputs=demo.plain_inputs, kernels=_kernels, options=_OPTIONS,
+        arguments=lambda inputs, options, flavor: {"block_size": _block_size(options)}))
 PER_BLOCK_CAST_WITH_SF_ONLY = KernelOp("per_block_cast_with_sf_only", (*_X_FMT_BLOCK, *_SF_FLAGS), ("sf",),
                                        _run_sf_only, outs=("out_sf",))
 PER_BLOCK_CAST_WITH_PRECOMPUTED_SF = KernelOp(

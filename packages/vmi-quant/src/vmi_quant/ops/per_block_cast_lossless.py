@@ -12,14 +12,17 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import is_traced
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
 from ..inputs import check_matrix, check_same_device, check_sf_options, logical_cols, sf_layout_of, split_pair
 from ..kernels import per_block_cast_lossless as parallel
+from ..reference.cast import cast as reference_cast
 from ..reference.lossless import check_power_of_two_sf
 from ..reference.lossless import per_block_cast_lossless as reference_lossless
+from . import demo
 from .per_token_cast import SF_FLAGS
 
 
@@ -109,11 +112,54 @@ def _run(data, sf, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_
     return call.out, call.sf
 
 
+_POW2_BLOCK = (1, 2, 4, 8, 16, 32, 64, 128)
+_OPTIONS = (
+    Option("x_block_m", 1, _POW2_BLOCK, "tokens per input scaling block"),
+    Option("x_block_k", 32, _POW2_BLOCK, "channels per input scaling block"),
+    Option("out_block_m", 32, _POW2_BLOCK, "tokens per output scaling block"),
+    Option("out_block_k", 32, _POW2_BLOCK, "channels per output scaling block"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 output scaling factors"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major output scaling factors"),
+)
+
+
+def _blocks(options):
+    return (options["x_block_m"], options["x_block_k"]), (options["out_block_m"], options["out_block_k"])
+
+
+def _inputs(shape, options, seed):
+    # FP4 with fp32 power-of-two scales; every |x| >= max|x| / 2^9 keeps the block scales within
+    # the 11 binades one output block can hold.
+    x = randn(shape, seed)
+    floor = x.abs().max() / 2**9 if x.numel() else 0.0
+    x = torch.where(x.abs() < floor, torch.copysign(torch.full_like(x, float(floor)), x), x)
+    data, sf = reference_cast(x, "e2m1", _blocks(options)[0], round_sf=True)
+    return {"x_data": data, "x_sf": sf}
+
+
+def _arguments(inputs, options, flavor):
+    x_block, out_block = _blocks(options)
+    return {"fmt": "e4m3", "x_block_size": x_block, "out_block_size": out_block, "round_sf": True}
+
+
+def _kernels(options, target, flavor):
+    # The specialisation does not depend on the shape: a small input gives it.
+    inputs = demo.on_meta(_inputs((128, 128), options, 0))
+    x_block, out_block = _blocks(options)
+    _, call = _prepare((inputs["x_data"], inputs["x_sf"]), "e4m3", x_block, out_block,
+                       options["use_tma_aligned_col_major_sf"], True, options["use_packed_ue8m0"], target, flavor)
+    return [(parallel.build_per_block_cast_lossless, call.spec)]
+
+
 PER_BLOCK_CAST_LOSSLESS = KernelOp(
     "per_block_cast_lossless",
     (Param("x_data", "Tensor"), Param("x_sf", "Tensor"), Param("fmt", "str"), Param("x_block_size", "int[]"),
      Param("out_block_size", "int[]"), *SF_FLAGS[:3]),
-    ("data", "sf"), _run)
+    ("data", "sf"), _run,
+    command=Command(
+        summary="exact FP4 -> E4M3 re-quantization to larger scaling blocks",
+        support=demo.PARALLEL_SUPPORT, default_shape=(1024, 4096), bench_shapes=demo.BLOCK_BENCH_SHAPES,
+        make_inputs=_inputs, kernels=_kernels, options=_OPTIONS, arguments=_arguments))
 
 
 def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tuple[int, int],

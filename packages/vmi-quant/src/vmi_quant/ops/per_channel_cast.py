@@ -13,15 +13,17 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_int_choice
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
 from .. import reference
 from ..config import get_amax_clamp_for_quant
 from ..inputs import CastInput, check_sf_options, decode_input, join_quantized, split_quantized
 from ..kernels import per_channel_cast as parallel
 from ..kernels.common import ScaleRule
+from . import demo
 
 
 @dataclass
@@ -99,12 +101,59 @@ def _run(x, x_sf, fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue
     return call.out, call.sf
 
 
+_OPTIONS = (
+    Option("num_per_tokens", 32, (32, 128), "tokens per scaling factor"),
+    Option("in_dtype", "bf16", ("bf16", "fp32", "e4m3"),
+           "input dtype (e4m3: a per-token quantized input with packed UE8M0 column-major SF)"),
+    Option("num_per_channels", 128, (32, 128), "channels per input scaling factor (in_dtype=e4m3)"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="UE8M0 scaling factors packed along the tokens (needs round_sf)"),
+)
+# What a quantized input's SF is: TileKernels' default input configuration.
+_INPUT_SF = dict(round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True)
+
+
+def _inputs(shape, options, seed):
+    if options["in_dtype"] != "e4m3":
+        return demo.plain_inputs(shape, options, seed)
+    # Quantized once per flavor (packed UE8M0 words differ); run and reference pick theirs.
+    x = randn(shape, seed)
+    return {flavor: reference.cast(x, "e4m3", (1, options["num_per_channels"]), flavor=flavor, **_INPUT_SF)
+            for flavor in ("ascend", "cuda")}
+
+
+def _arguments(inputs, options, flavor):
+    if options["in_dtype"] != "e4m3":
+        return {"fmt": "e4m3", "num_per_channels": None}
+    data, sf = inputs[flavor]
+    return {"fmt": "e4m3", "x": data, "x_sf": sf}
+
+
+def _nbytes(inputs, outputs) -> int:
+    tensors = inputs["ascend"] if "ascend" in inputs else (inputs["x"],)
+    return sum(t.numel() * t.element_size() for t in (*tensors, *outputs))
+
+
+def _kernels(options, target, flavor):
+    # The specialisation does not depend on the shape: a small input gives it.
+    inputs = demo.on_meta(_inputs((128, 128), options, 0))
+    quantized = options["in_dtype"] == "e4m3"
+    _, call = _prepare(inputs[flavor] if quantized else inputs["x"], "e4m3", options["num_per_tokens"],
+                       options["round_sf"], options["num_per_channels"] if quantized else None,
+                       options["use_packed_ue8m0"], target, flavor)
+    return [(parallel.build_per_channel_cast, call.spec)]
+
+
 PER_CHANNEL_CAST = KernelOp(
     "per_channel_cast",
     (Param("x", "Tensor"), Param("x_sf", "Tensor", optional=True), Param("fmt", "str"),
      Param("num_per_tokens", "int"), Param("round_sf", "bool", False),
      Param("num_per_channels", "int", None, optional=True), Param("use_packed_ue8m0", "bool", False)),
-    ("data", "sf"), _run)
+    ("data", "sf"), _run,
+    command=Command(
+        summary="per-channel FP8 (E4M3) quantization with one scaling factor per channel and 32 or 128 tokens",
+        support=demo.PARALLEL_SUPPORT, default_shape=(1024, 4096), bench_shapes=demo.BLOCK_BENCH_SHAPES,
+        make_inputs=_inputs, kernels=_kernels, options=_OPTIONS, arguments=_arguments, nbytes=_nbytes))
 
 
 def per_channel_cast(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_tokens: int,

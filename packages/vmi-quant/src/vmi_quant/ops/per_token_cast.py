@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_disjoint
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
@@ -34,6 +34,7 @@ from ..inputs import (
 )
 from ..kernels import per_token_cast as parallel
 from ..kernels.common import ScaleRule
+from . import demo
 
 
 @dataclass
@@ -174,11 +175,36 @@ _FMT_AND_GROUP = (Param("fmt", "str"), Param("num_per_channels", "int"))
 SF_FLAGS = (Param("use_tma_aligned_col_major_sf", "bool", False), Param("round_sf", "bool", False),
             Param("use_packed_ue8m0", "bool", False), Param("use_e4m3_sf", "bool", False))
 
+_OPTIONS = (
+    Option("fmt", "e4m3", ("e4m3", "e2m1"), "output format"),
+    Option("num_per_channels", 32, (16, 32, 64, 128), "channels per scaling factor"),
+    Option("in_dtype", "bf16", tuple(demo.IN_DTYPES), "input dtype"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+    Option("use_e4m3_sf", False, help="E4M3 scaling factors"),
+    Option("stochastic_cast", False, help="stochastic rounding of the data"),
+)
+_DEFAULT_SHAPE = (1024, 4096)
+
+
+def _kernels(options, target, flavor):
+    x = demo.meta(_DEFAULT_SHAPE, demo.IN_DTYPES[options["in_dtype"]])
+    _, call = _prepare("cast", x, options["fmt"], options["num_per_channels"], None,
+                       options["use_tma_aligned_col_major_sf"], options["round_sf"], options["use_packed_ue8m0"],
+                       options["use_e4m3_sf"], options["stochastic_cast"], None, None, target, flavor)
+    return [(parallel.build_per_token_cast, call.spec)]
+
+
 PER_TOKEN_CAST = KernelOp(
     "per_token_cast",
     (_X, Param("x_sf", "Tensor", optional=True), *_FMT_AND_GROUP, Param("x_block_size", "int[]", None, optional=True),
      *SF_FLAGS, Param("stochastic_cast", "bool", False)),
-    ("data", "sf"), _run_cast, outs=("out_data", "out_sf"))
+    ("data", "sf"), _run_cast, outs=("out_data", "out_sf"),
+    command=Command(
+        summary="per-token FP8 (E4M3) / FP4 (E2M1) quantization with per-group scaling factors",
+        support=demo.PARALLEL_SUPPORT, default_shape=_DEFAULT_SHAPE, bench_shapes=demo.BENCH_SHAPES,
+        make_inputs=demo.plain_inputs, kernels=_kernels, options=_OPTIONS))
 PER_TOKEN_CAST_WITH_SF_ONLY = KernelOp(
     "per_token_cast_with_sf_only", (_X, *_FMT_AND_GROUP, *SF_FLAGS), ("sf",), _run_sf_only, outs=("out_sf",))
 PER_TOKEN_CAST_WITH_PRECOMPUTED_SF = KernelOp(

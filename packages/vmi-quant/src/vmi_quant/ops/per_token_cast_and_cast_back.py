@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_in_place, check_kernel_extent, check_no_internal_overlap, mark_written
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
 from .. import reference
@@ -20,6 +20,7 @@ from ..config import get_amax_clamp_for_quant
 from ..inputs import PLAIN_DTYPES, check_fmt, check_matrix, check_num_per_channels, check_sf_options
 from ..kernels import per_token_cast_and_cast_back as parallel
 from ..kernels.common import ScaleRule
+from . import demo
 
 
 @dataclass
@@ -75,11 +76,30 @@ def _run(x, fmt, num_per_channels, round_sf, use_e4m3_sf, *, out, target, flavor
         mark_written(call.x)
 
 
+_OPTIONS = (
+    Option("fmt", "e4m3", ("e4m3", "e2m1"), "quantized format of the round trip"),
+    Option("num_per_channels", 32, (16, 32, 64, 128), "channels per scaling factor"),
+    Option("in_dtype", "bf16", tuple(demo.IN_DTYPES), "input dtype"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_e4m3_sf", False, help="E4M3 scaling factors"),
+)
+
+
+def _kernels(options, target, flavor):
+    spec = make_spec(options["in_dtype"], options["fmt"], options["num_per_channels"], options["round_sf"],
+                     options["use_e4m3_sf"])
+    return [(parallel.build_per_token_cast_and_cast_back, spec)]
+
+
 PER_TOKEN_CAST_AND_CAST_BACK = KernelOp(
     "per_token_cast_and_cast_back",
     (Param("x", "Tensor", mutable=True), Param("fmt", "str"), Param("num_per_channels", "int"),
      Param("round_sf", "bool", False), Param("use_e4m3_sf", "bool", False)),
-    (), _run)
+    (), _run,
+    command=Command(
+        summary="in-place per-token FP8/FP4 quantize-dequantize round trip (quantization noise)",
+        support=demo.PARALLEL_SUPPORT, default_shape=(1024, 4096), bench_shapes=demo.BENCH_SHAPES,
+        make_inputs=demo.plain_inputs, kernels=_kernels, options=_OPTIONS))
 
 
 def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: int, round_sf: bool = False,

@@ -18,15 +18,18 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_bool, check_float, check_int_choice, check_kernel_extent, check_tensor
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import generator, randn
 
 from ..config import get_amax_clamp_for_quant, get_token_alignment
 from ..inputs import PLAIN_DTYPES, check_matrix, check_psum, check_same_device, check_sf_options, expert_rows
 from ..kernels import swiglu_backward as parallel
 from ..kernels.common import ScaleRule
 from ..reference import swiglu_backward as reference
+from ..reference.cast import cast as reference_cast
+from . import demo
 
 PLAIN_FMTS = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -230,17 +233,89 @@ _OPTIONAL_INPUTS = (Param("psum_num_tokens_per_expert", "Tensor", None, optional
                     Param("routed_scaling_factor", "float", None, optional=True))
 _CLAMP_AND_RECOMPUTE = (Param("clamp_value", "float", None, optional=True), Param("do_recompute", "bool", False))
 
+# The command's shapes are those of x, (tokens, 2 * hidden): MoE expert rows at DeepSeek-V3/V4
+# intermediate sizes (H 2048, 3584), and a decode-size call.
+_OPTIONS = (
+    Option("fmt", "bf16", ("bf16", "fp32"), "dtype of x, act_x_grad and the outputs"),
+    Option("weights", True, help="topk_weights and routed_scaling_factor 2.5 (the weight gradient)"),
+    Option("psum", True, help="rows in 8 experts of the psum layout (token alignment padding)"),
+    Option("clamp", False, help="clamp_value 10"),
+    Option("do_recompute", False, help="also return the recomputed activation"),
+)
+_CAST_OPTIONS = (
+    Option("num_per_channels", 32, (32, 128), "channels per scaling factor (input and output)"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+    *_OPTIONS[1:],
+)
+_EXPERTS = 8
+_DEFAULT_SHAPE = (4096, 4096)
+_BENCH_SHAPES = ((4096, 4096), (2048, 7168), (128, 4096))
+
+
+def _inputs(shape, options, seed, x_dtype=None):
+    tokens, width = shape
+    dtype = x_dtype or demo.IN_DTYPES[options["fmt"]]
+    inputs = {"x": randn(shape, seed, dtype), "act_x_grad": randn((tokens, width // 2), seed + 1, dtype)}
+    if options["weights"]:
+        inputs["topk_weights"] = torch.rand(tokens, generator=generator(seed + 2))
+    if options["psum"]:
+        inputs["psum_num_tokens_per_expert"] = demo.swiglu_psum(tokens, _EXPERTS, seed + 3)
+    return inputs
+
+
+def _cast_inputs(shape, options, seed):
+    inputs = _inputs(shape, options, seed, torch.bfloat16)
+    inputs["x"], inputs["x_sf"] = reference_cast(inputs["x"], "e4m3", (1, options["num_per_channels"]))
+    return inputs
+
+
+def _arguments(inputs, options, flavor):
+    return {"routed_scaling_factor": 2.5 if options["weights"] else None,
+            "clamp_value": 10.0 if options["clamp"] else None}
+
+
+def _cast_arguments(inputs, options, flavor):
+    return {"fmt": "e4m3", **_arguments(inputs, options, flavor)}
+
+
+def _kernels(options, target, flavor, quantized: bool):
+    # The kernel is specialised on the hidden size: that of the default shape (the token count
+    # does not matter, a few rows give it).
+    shape = (128, _DEFAULT_SHAPE[1])
+    inputs = demo.on_meta(_cast_inputs(shape, options, 0) if quantized else _inputs(shape, options, 0))
+    args = _arguments(inputs, options, flavor)
+    sf = ((options["num_per_channels"], options["use_tma_aligned_col_major_sf"], options["round_sf"],
+           options["use_packed_ue8m0"]) if quantized else (None, False, False, False))
+    _, call = _prepare(quantized, inputs["x"], inputs.get("x_sf"), inputs["act_x_grad"],
+                       "e4m3" if quantized else options["fmt"], sf[0], inputs.get("psum_num_tokens_per_expert"),
+                       inputs.get("topk_weights"), args["routed_scaling_factor"], *sf[1:], args["clamp_value"],
+                       options["do_recompute"], target, flavor)
+    return [(parallel.build_swiglu_backward, call.spec)]
+
+
 SWIGLU_BACKWARD = KernelOp(
     "swiglu_backward",
     (Param("x", "Tensor"), Param("act_x_grad", "Tensor"), Param("fmt", "str"), *_OPTIONAL_INPUTS,
      *_CLAMP_AND_RECOMPUTE),
-    ("x_grad", "weight_grad", "act_out"), _run_plain)
+    ("x_grad", "weight_grad", "act_out"), _run_plain,
+    command=Command(
+        summary="SwiGLU backward (gradients of gate and up, weight gradient, recomputed activation) in bf16/fp32",
+        support=demo.PARALLEL_SUPPORT, default_shape=_DEFAULT_SHAPE, bench_shapes=_BENCH_SHAPES,
+        make_inputs=_inputs, kernels=lambda options, target, flavor: _kernels(options, target, flavor, False),
+        options=_OPTIONS, arguments=_arguments))
 SWIGLU_BACKWARD_AND_PER_TOKEN_CAST = KernelOp(
     "swiglu_backward_and_per_token_cast",
     (Param("x", "Tensor"), Param("x_sf", "Tensor"), Param("act_x_grad", "Tensor"), Param("fmt", "str"),
      Param("num_per_channels", "int"), *_OPTIONAL_INPUTS, Param("use_tma_aligned_col_major_sf", "bool", False),
      Param("round_sf", "bool", False), Param("use_packed_ue8m0", "bool", False), *_CLAMP_AND_RECOMPUTE),
-    ("x_grad", "x_grad_fp8", "x_grad_fp8_sf", "weight_grad", "act_out"), _run_cast)
+    ("x_grad", "x_grad_fp8", "x_grad_fp8_sf", "weight_grad", "act_out"), _run_cast,
+    command=Command(
+        summary="SwiGLU backward of an E4M3 input, the gradient also quantized per token to E4M3 (2H wide)",
+        support=demo.PARALLEL_SUPPORT, default_shape=_DEFAULT_SHAPE, bench_shapes=_BENCH_SHAPES,
+        make_inputs=_cast_inputs, kernels=lambda options, target, flavor: _kernels(options, target, flavor, True),
+        options=_CAST_OPTIONS, arguments=_cast_arguments))
 
 
 def _present(x_grad, quantized, weight_grad, act_out, has_weights: bool, do_recompute: bool) -> tuple:

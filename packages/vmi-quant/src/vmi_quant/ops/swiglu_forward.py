@@ -15,15 +15,17 @@ import torch
 
 from vmi_core.checks import check_disjoint, check_float, check_int_choice, check_tensor
 from vmi_core.fp32 import division_flushes_subnormals
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import generator, randn
 
 from ..config import get_amax_clamp_for_quant, get_token_alignment
 from ..inputs import PLAIN_DTYPES, check_matrix, check_psum, check_same_device, check_sf_options
 from ..kernels import swiglu_forward as parallel
 from ..kernels.common import ScaleRule
 from ..reference import swiglu_forward as reference
+from . import demo
 
 _OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 
@@ -184,15 +186,74 @@ _EXPERT_PARAMS = (Param("psum_num_tokens_per_expert", "Tensor", None, optional=T
 _CLAMP_PARAMS = (Param("clamp_value", "float", None, optional=True),
                  Param("clamped_count", "Tensor", None, optional=True, mutable=True))
 
+_OPTIONS = (
+    Option("in_dtype", "bf16", tuple(demo.IN_DTYPES), "input dtype of x (N, 2H)"),
+    Option("experts", 8, help="experts of the psum layout (0: no layout, every row valid)"),
+    Option("weights", True, help="per-row topk_weights with routed_scaling_factor 2.5"),
+    Option("clamp", True, help="clamp_value 10.0 (the SwiGLU limit)"),
+)
+_FORWARD_OPTIONS = (Option("fmt", "bf16", ("bf16", "fp32"), "output format"), *_OPTIONS)
+_CAST_OPTIONS = (
+    Option("num_per_channels", 32, (32, 128), "channels per scaling factor"),
+    *_OPTIONS,
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("use_packed_ue8m0", False, help="packed UE8M0 scaling factors (needs round_sf)"),
+    Option("use_tma_aligned_col_major_sf", False, help="column-major scaling factors"),
+)
+_SCALING_FACTOR = 2.5
+_DEFAULT_SHAPE = (1024, 4096)
+_BENCH_SHAPES = ((4096, 7168), (1024, 4096), (128, 7168), (1, 7168), (16, 7168))
+
+
+def _inputs(shape, options, seed):
+    num_rows = shape[0]
+    inputs = {"x": randn(shape, seed, demo.IN_DTYPES[options["in_dtype"]])}
+    if options["experts"]:
+        inputs["psum_num_tokens_per_expert"] = demo.swiglu_psum(num_rows, options["experts"], seed)
+    if options["weights"]:
+        inputs["topk_weights"] = torch.rand(num_rows, generator=generator(seed + 1))
+    return inputs
+
+
+def _arguments(inputs, options, flavor):
+    return {"routed_scaling_factor": _SCALING_FACTOR if options["weights"] else None,
+            "clamp_value": demo.SWIGLU_CLAMP if options["clamp"] else None}
+
+
+def _cast_arguments(inputs, options, flavor):
+    return {"fmt": "e4m3", **_arguments(inputs, options, flavor)}
+
+
+def _kernels(options, target, flavor):
+    # The specialisation does not depend on the shape: a few rows give it.
+    inputs = demo.on_meta(_inputs((128, _DEFAULT_SHAPE[1]), options, 0))
+    args = _arguments(inputs, options, flavor)
+    fmt = options.get("fmt", "e4m3")
+    sf = ((options["use_tma_aligned_col_major_sf"], options["round_sf"], options["use_packed_ue8m0"])
+          if fmt == "e4m3" else (False, False, False))
+    _, call = _prepare(inputs["x"], fmt, options.get("num_per_channels"), inputs.get("psum_num_tokens_per_expert"),
+                       inputs.get("topk_weights"), args["routed_scaling_factor"], *sf, args["clamp_value"], None,
+                       target, flavor)
+    return [(parallel.build_swiglu_forward, call.spec)]
+
+
 SWIGLU_FORWARD = KernelOp(
     "swiglu_forward", (Param("x", "Tensor"), Param("fmt", "str"), *_EXPERT_PARAMS, *_CLAMP_PARAMS), ("out",),
-    _run_swiglu)
+    _run_swiglu,
+    command=Command(
+        summary="SwiGLU of MoE expert rows (x = [gate | up], psum layout, row weights, clamp counters) to bf16/fp32",
+        support=demo.PARALLEL_SUPPORT, default_shape=_DEFAULT_SHAPE, bench_shapes=_BENCH_SHAPES,
+        make_inputs=_inputs, kernels=_kernels, options=_FORWARD_OPTIONS, arguments=_arguments))
 SWIGLU_FORWARD_AND_PER_TOKEN_CAST = KernelOp(
     "swiglu_forward_and_per_token_cast",
     (Param("x", "Tensor"), Param("fmt", "str"), Param("num_per_channels", "int"), *_EXPERT_PARAMS,
      Param("use_tma_aligned_col_major_sf", "bool", False), Param("round_sf", "bool", False),
      Param("use_packed_ue8m0", "bool", False), *_CLAMP_PARAMS),
-    ("data", "sf"), _run_swiglu_cast)
+    ("data", "sf"), _run_swiglu_cast,
+    command=Command(
+        summary="SwiGLU of MoE expert rows quantized to E4M3 per token (groups of 32 or 128 channels)",
+        support=demo.PARALLEL_SUPPORT, default_shape=_DEFAULT_SHAPE, bench_shapes=_BENCH_SHAPES,
+        make_inputs=_inputs, kernels=_kernels, options=_CAST_OPTIONS, arguments=_cast_arguments))
 
 def swiglu_forward(x: torch.Tensor, fmt: str, psum_num_tokens_per_expert: torch.Tensor | None = None,
                    topk_weights: torch.Tensor | None = None, routed_scaling_factor: float | None = None,

@@ -15,14 +15,16 @@ import torch
 
 from vmi_core.checks import check_bool, check_float, check_int_choice
 from vmi_core.fp32 import division_flushes_subnormals
-from vmi_core.library import KernelOp, Param, parallel_entry
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_core.testing import randn
 
 from ..config import get_amax_clamp_for_quant
 from ..inputs import check_matrix, check_sf_options
 from ..kernels import swiglu_forward_and_per_channel_cast_and_transpose as parallel
 from ..kernels.common import ScaleRule
 from ..reference import swiglu_forward as reference
+from . import demo
 
 
 @dataclass
@@ -88,11 +90,32 @@ def _run(x, fmt, num_per_tokens, round_sf, without_transpose, swiglu_clamp_value
     return call.out, call.sf
 
 
+_OPTIONS = (
+    Option("num_per_tokens", 32, (32, 128), "tokens per scaling factor"),
+    Option("round_sf", False, help="power-of-two scaling factors"),
+    Option("without_transpose", False, help="data (T, H) instead of (H, T)"),
+    Option("clamp", True, help="swiglu_clamp_value 10.0"),
+)
+
+
+def _kernels(options, target, flavor):
+    spec = make_spec(options["num_per_tokens"], options["round_sf"], not options["without_transpose"],
+                     options["clamp"], resolve_flavor(target, flavor))
+    return [(parallel.build_swiglu_per_channel, spec)]
+
+
 SWIGLU_FORWARD_AND_PER_CHANNEL_CAST_AND_TRANSPOSE = KernelOp(
     "swiglu_forward_and_per_channel_cast_and_transpose",
     (Param("x", "Tensor"), Param("fmt", "str"), Param("num_per_tokens", "int"), Param("round_sf", "bool", False),
      Param("without_transpose", "bool", False), Param("swiglu_clamp_value", "float", None, optional=True)),
-    ("data", "sf"), _run)
+    ("data", "sf"), _run,
+    command=Command(
+        summary="SwiGLU rounded to bf16, per-channel E4M3 over 32 or 128 tokens, transposed (TileKernels v1)",
+        support=demo.PARALLEL_SUPPORT, default_shape=(1024, 4096), bench_shapes=demo.BLOCK_BENCH_SHAPES,
+        make_inputs=lambda shape, options, seed: {"x": randn(shape, seed, torch.bfloat16)},
+        kernels=_kernels, options=_OPTIONS,
+        arguments=lambda inputs, options, flavor: {
+            "fmt": "e4m3", "swiglu_clamp_value": demo.SWIGLU_CLAMP if options["clamp"] else None}))
 
 
 def swiglu_forward_and_per_channel_cast_and_transpose(
