@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.bench import CHUNK_ROWS, discover_baselines
-from vmi_core.registry import discover
+from vmi_core.tools.bench import CHUNK_ROWS, discover_baselines
+from vmi_core.tools.registry import discover
 
 OPS = {op.name: op for op in discover().values()}
 BASELINES = discover_baselines()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 import sys
 
-from vmi_core import plot
-from vmi_core.cli import main
+from vmi_core.tools import plot
+from vmi_core.tools.cli import main
 
 
 def png_chunks(data: bytes) -> dict[bytes, list[bytes]]:

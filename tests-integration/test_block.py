@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.block import BlockConfig, Kernels, float64_errors, make_params, relative_error, run_block
 
 pytestmark = [pytest.mark.block, pytest.mark.slow]

@@ -9,7 +9,7 @@ import pytest
 
 
 def vmi(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vmi_core.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vmi_core.tools.cli", *args], capture_output=True, text=True,
                           timeout=600)
 
 
@@ -47,7 +47,7 @@ def test_bench_prints_kernel_reference_baseline_and_copy_bandwidth():
 
 def test_bench_decode_sizes_in_microseconds_per_thread_count(capsys):
     """In process (no interpreter start): a decode size, both thread counts."""
-    from vmi_core.cli import main
+    from vmi_core.tools.cli import main
 
     assert main(["bench", "topk_gate", "--shape", "4x256", "--repeat", "1", "--threads", "1,2"]) == 0
     out = capsys.readouterr().out
@@ -61,8 +61,8 @@ def test_bench_decode_sizes_in_microseconds_per_thread_count(capsys):
 
 def test_bench_without_baselines_times_kernel_and_reference(capsys, monkeypatch):
     """As from an installed wheel, without vmi-devkit's baselines."""
-    from vmi_core import bench
-    from vmi_core.cli import main
+    from vmi_core.tools import bench
+    from vmi_core.tools.cli import main
 
     monkeypatch.setattr(bench, "discover_baselines", dict)
     assert main(["bench", "cast", "--shape", "256x512", "--repeat", "1", "--threads", "1"]) == 0
@@ -122,7 +122,7 @@ def test_user_errors_are_one_line_with_exit_status_2(args, names, capsys):
     """In process (the command's main), so that the many cases cost no interpreter start each."""
     import torch
 
-    from vmi_core.cli import main
+    from vmi_core.tools.cli import main
 
     if "cuda" in args and torch.cuda.is_available():
         pytest.skip("this host has a CUDA GPU, so --target cuda is not an error here")
@@ -145,7 +145,7 @@ def test_run_on_ascend_sim():
 
 def test_a_target_with_its_own_flavor_is_checked_against_that_flavor(capsys):
     """ascend-sim runs the ascend flavor whatever --flavor says; the reference must use it too."""
-    from vmi_core.cli import main
+    from vmi_core.tools.cli import main
 
     assert main(["run", "normalize_weight", "--target", "ascend-sim", "--flavor", "cuda", "--shape", "300x8",
                  "--repeat", "1"]) == 0
@@ -157,7 +157,7 @@ def test_demo_finds_demos_through_their_entry_point_group(monkeypatch, capsys):
     """``vmi demo [NAME] [options]``: the demo's own options reach it; vmi-core imports no demo."""
     from importlib.metadata import EntryPoint
 
-    from vmi_core import cli
+    from vmi_core.tools import cli
 
     calls = []
     module = type(sys)("vmi_fake_demo")

@@ -20,8 +20,8 @@ import vmi_mhc
 import vmi_moe
 import vmi_quant
 from vmi_core.library import KERNEL_OPS, NAMESPACE
-from vmi_core.registry import discover
-from vmi_core.testing import randn
+from vmi_core.tools.registry import discover
+from vmi_core.tools.testing import randn
 
 OPS = {op.name: op for op in discover().values()}
 

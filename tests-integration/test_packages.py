@@ -3,6 +3,7 @@ and the family packages depend on a compatible vmi-core."""
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
 from importlib.metadata import distribution, requires, version
@@ -48,9 +49,18 @@ def test_core_pins_tilelang_and_declares_cli() -> None:
     assert "tilelang==0.1.15" in reqs, reqs
     eps = distribution("vmi-core").entry_points
     scripts = {ep.name: ep.value for ep in eps if ep.group == "console_scripts"}
-    assert scripts.get("vmi") == "vmi_core.cli:main"
+    assert scripts.get("vmi") == "vmi_core.tools.cli:main"
 
 
 def test_quant_registers_ops_entry_point() -> None:
     eps = {ep.name: ep.value for ep in distribution("vmi-quant").entry_points if ep.group == "vmi.ops"}
     assert eps == {"quant": "vmi_quant"}
+
+
+@pytest.mark.parametrize(("old", "new", "name"), [("vmi_core.sf_layout", "vmi_quant.sf_layout", "SFLayout"),
+                                                  ("vmi_core.softplus", "vmi_moe.softplus", "sqrt_softplus"),
+                                                  ("vmi_core.tl.softplus", "vmi_moe.tl.softplus", "SQRT_LN2")])
+def test_moved_modules_keep_a_deprecated_alias(old, new, name):
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
+        value = getattr(importlib.import_module(old), name)
+    assert value is getattr(importlib.import_module(new), name)

@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from vmi_core import precompile
-from vmi_core.cli import main
-from vmi_core.registry import discover
+from vmi_core.tools import precompile
+from vmi_core.tools.cli import main
+from vmi_core.tools.registry import discover
 
 # A fresh process runs the op as a server's first call would and prints whether any kernel was
 # compiled (fresh) rather than loaded from the cache.
 FIRST_CALL = """
 from vmi_core.compile import watch_entries
-from vmi_core.registry import discover
+from vmi_core.tools.registry import discover
 op = discover()["cast"]
 options = op.parse_options([])
 with watch_entries() as seen:

@@ -31,8 +31,8 @@ import logging
 import posixpath
 import re
 
-from vmi_core.registry import OpInfo, discover
 from vmi_core.targets import TARGETS
+from vmi_core.tools.registry import OpInfo, discover
 
 log = logging.getLogger("mkdocs.plugins.vmi_docs")
 

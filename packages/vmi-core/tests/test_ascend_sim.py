@@ -20,8 +20,8 @@ from vmi_core.ascend_sim import (
     prepare_source,
 )
 from vmi_core.compile import cache_dir
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_core.tl.shell import DEFAULT_WORKERS
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.sim_kernels import COLUMNS, row_scale, row_scale_artifact, row_scale_reference
 
 BLOCK_M = 16

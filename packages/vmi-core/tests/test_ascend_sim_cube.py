@@ -15,7 +15,7 @@ import torch
 
 from vmi_core.ascend_sim import AscendSimError, SimKernel, launch_shape
 from vmi_core.compile import cache_dir, lower_artifact
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.sim_kernels import build_cube_gemm, cube_gemm, cube_gemm_reference
 
 SHAPE = (48, 32, 96)  # m, n, k: 3, 2 and 6 fractals

@@ -19,8 +19,8 @@ import torch
 
 from vmi_core.ascend_sim import AscendSimError, SimKernel, last_launch_stats, launch_shape
 from vmi_core.compile import cache_dir, lower_artifact
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_core.tl.shell import SIMT_THREADS
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.sim_kernels import (
     COMPARES,
     COUNTED_CORES,

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from vmi_core.bench import best_time, copy_bandwidth, in_row_chunks, threads
 from vmi_core.cpu_parallel import THREADS_ENV, cpu_threads
+from vmi_core.tools.bench import best_time, copy_bandwidth, in_row_chunks, threads
 
 
 @pytest.mark.parametrize("rows", [None, 4, 32, 128, 1000])

@@ -23,9 +23,9 @@ import torch
 import vmi_core
 from vmi_core import compile as vc
 from vmi_core.compile import compile_kernel, cuda_arch, lower, pass_configs
-from vmi_core.source_checks import assert_vector_regions, dma_counts, region_report
-from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl.shell import Shell
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts, region_report
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.cuda import nvcc_compile_or_skip
 
 BM = 16

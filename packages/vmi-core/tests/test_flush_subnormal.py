@@ -11,8 +11,8 @@ import torch
 from vmi_core.compile import compile_kernel
 from vmi_core.formats import f32_from_bits
 from vmi_core.fp32 import ascend_quotient, divide, division_flushes_subnormals, flush_subnormal
-from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl import formats as F
+from vmi_core.tools.testing import assert_bitwise_equal
 
 SIGN = -0x80000000
 # Zeros, the smallest and largest subnormals, the smallest normal, ordinary values, infinity, NaN;

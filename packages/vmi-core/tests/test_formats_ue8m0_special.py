@@ -12,8 +12,8 @@ import torch
 
 from vmi_core import formats as tw
 from vmi_core.compile import compile_kernel
-from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl import formats as F
+from vmi_core.tools.testing import assert_bitwise_equal
 
 U32 = 0xFFFFFFFF
 N = 4096

@@ -11,13 +11,13 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import compile_kernel, lower
-from vmi_core.source_checks import assert_vector_regions
-from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl import formats as F
 from vmi_core.tl.reduce import combine, reduce_rows
 from vmi_core.tl.shell import Shell
 from vmi_core.tl.simd import LANES
 from vmi_core.tl.vector import group_tile_shape
+from vmi_core.tools.source_checks import assert_vector_regions
+from vmi_core.tools.testing import assert_bitwise_equal
 
 BM = 8
 INIT = {"max": -math.inf, "min": math.inf, "sum": 0.0}

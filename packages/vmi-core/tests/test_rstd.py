@@ -24,10 +24,10 @@ import torch
 from vmi_core.compile import cached_kernel, cuda_arch, kernel_source
 from vmi_core.fp32 import fma
 from vmi_core.rstd import rstd, rstd_constants, rstd_reference
-from vmi_core.source_checks import assert_vector_regions, dma_counts
-from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl.rstd import rstd as rstd_kernel_fn
 from vmi_core.tl.shell import SIMD, Shell
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.cuda import nvcc_compile_or_skip
 
 HIDDEN = (128, 192, 4096, 7168)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.source_checks import (
+from vmi_core.tools.source_checks import (
     Region,
     assert_vector_regions,
     barriers_in_thread_guards,

@@ -18,10 +18,10 @@ import torch
 from vmi_core import formats as tw
 from vmi_core.compile import compile_kernel
 from vmi_core.stochastic import random16, sr_hash, stochastic_round
-from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl import formats as F
 from vmi_core.tl.stochastic import SR_FORMATS, sr_mix, sr_random16
 from vmi_core.tl.stochastic import stochastic_round as sr_macro
+from vmi_core.tools.testing import assert_bitwise_equal
 
 N = 1 << 15
 QUADS = N // 4

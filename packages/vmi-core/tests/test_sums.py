@@ -21,11 +21,11 @@ import torch
 
 from vmi_core.compile import cached_kernel, cuda_arch, kernel_source
 from vmi_core.fp32 import exp, fma
-from vmi_core.source_checks import assert_vector_regions
 from vmi_core.sums import LANES, lane_sum, lane_sum_fused
-from vmi_core.testing import assert_bitwise_equal
 from vmi_core.tl import simd as S
 from vmi_core.tl.shell import SIMD, Shell
+from vmi_core.tools.source_checks import assert_vector_regions
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.cuda import nvcc_compile_or_skip
 
 ROWS, COLS = 8, 448  # 7 chunks of 64 lanes

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vmi_core.formats import e2m1_decode, e4m3_decode, f32_from_bits
-from vmi_core.testing import (
+from vmi_core.tools.testing import (
     assert_bitwise_equal,
     bits,
     bitwise_mismatches,

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import vmi_mhc.functional as functional
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_mhc import (
     expand_to_mhc,
     mhc_fn_normw_merge_bwd,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import assert_bitwise_equal, randn, sim_schedule
 from vmi_mhc import expand_to_mhc_bwd, expand_to_mhc_bwd_parallel, expand_to_mhc_fwd, expand_to_mhc_fwd_parallel
 from vmi_mhc.reference import expand as reference
 

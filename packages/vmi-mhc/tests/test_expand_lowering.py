@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_mhc.kernels.expand import ExpandSpec, build_expand_bwd, build_expand_fwd
 

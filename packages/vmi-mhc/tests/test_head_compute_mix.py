@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import assert_bitwise_equal, generator, sim_schedule
 from vmi_mhc import (
     mhc_head_compute_mix_bwd,
     mhc_head_compute_mix_bwd_parallel,

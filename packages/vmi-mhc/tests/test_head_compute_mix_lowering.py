@@ -18,13 +18,9 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
-from vmi_mhc.kernels.head_compute_mix import (
-    HeadComputeMixSpec,
-    build_head_compute_mix_bwd,
-    build_head_compute_mix_fwd,
-)
+from vmi_mhc.kernels.head_compute_mix import HeadComputeMixSpec, build_head_compute_mix_bwd, build_head_compute_mix_fwd
 
 ASCEND = HeadComputeMixSpec(4, "ascend")
 CUDA = HeadComputeMixSpec(4, "cuda")

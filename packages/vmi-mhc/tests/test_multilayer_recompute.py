@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_mhc.ops.multilayer_recompute import mhc_multilayer_recompute, mhc_multilayer_recompute_parallel
 from vmi_mhc.ops.post import mhc_post_fwd
 from vmi_mhc.ops.pre_apply_mix import mhc_pre_apply_mix_fwd

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_mhc.kernels.multilayer_recompute import MultilayerRecomputeSpec, build_multilayer_recompute
 

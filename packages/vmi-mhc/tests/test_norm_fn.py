@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, generator, randn, sim_schedule
+from vmi_core.tools.testing import assert_bitwise_equal, generator, randn, sim_schedule
 from vmi_mhc.ops.norm_fn import (
     mhc_fn_normw_merge_bwd,
     mhc_fn_normw_merge_bwd_parallel,

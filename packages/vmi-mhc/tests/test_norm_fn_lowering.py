@@ -15,7 +15,7 @@ import re
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.source_checks import assert_vector_regions, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_mhc.kernels.norm_fn import (
     MAX_MIX,

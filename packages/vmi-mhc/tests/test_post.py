@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_mhc.ops.post import mhc_post_bwd, mhc_post_bwd_parallel, mhc_post_fwd, mhc_post_fwd_parallel
 from vmi_mhc.reference import post as reference
 

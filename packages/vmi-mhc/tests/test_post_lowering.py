@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_mhc.kernels.post import PostBackwardSpec, PostForwardSpec, build_post_bwd, build_post_fwd
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV
-from vmi_core.testing import assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import assert_bitwise_equal, generator, sim_schedule
 from vmi_mhc import (
     mhc_pre_apply_mix_fwd,
     mhc_pre_big_fuse_fwd,

@@ -28,7 +28,7 @@ from vmi_core import ascend_sim
 from vmi_core import kernel as vmi_kernel
 from vmi_core.ascend_sim import AscendSimError, SimKernel
 from vmi_core.compile import cache_dir, lower_ascend
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_mhc import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
 from vmi_mhc.kernels import pre_norm_fn_gemm as parallel
 from vmi_mhc.reference import pre_norm_fn_gemm as reference

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_mhc.kernels.pre_norm_fn_gemm import (
     ASCEND_AI_CORES,

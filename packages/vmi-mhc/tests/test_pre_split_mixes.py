@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import assert_bitwise_equal, generator, sim_schedule
 from vmi_mhc import (
     mhc_pre_split_mixes_bwd,
     mhc_pre_split_mixes_bwd_parallel,

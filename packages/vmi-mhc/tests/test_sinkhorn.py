@@ -17,7 +17,7 @@ import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
 from vmi_core.fp32 import flush_subnormal
-from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_core.tools.testing import assert_bitwise_equal, generator
 from vmi_mhc import mhc_sinkhorn_bwd, mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd, mhc_sinkhorn_fwd_parallel
 from vmi_mhc.kernels.sinkhorn import BLOCK_T, MAX_BACKWARD_REPEAT
 from vmi_mhc.ops.sinkhorn import MHC_SINKHORN_BWD, MHC_SINKHORN_FWD

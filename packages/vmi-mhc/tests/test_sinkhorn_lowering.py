@@ -13,7 +13,7 @@ checks the backward's Ascend source and compiles the forward's CUDA source; the 
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_mhc.kernels.sinkhorn import SinkhornSpec, build_sinkhorn_backward, build_sinkhorn_forward
 from vmi_mhc.tl.sinkhorn import ENTRIES, N

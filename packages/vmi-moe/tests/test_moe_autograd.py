@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_core.tools.testing import assert_bitwise_equal, generator
 from vmi_moe import moe_topk_gate_autograd, moe_topk_gate_backward, moe_topk_gate_forward
 from vmi_moe.autograd import sequence_score_sums
 

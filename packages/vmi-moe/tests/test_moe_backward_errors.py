@@ -11,7 +11,7 @@ import importlib
 import pytest
 import torch
 
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 from vmi_moe import moe_topk_gate_backward, moe_topk_gate_backward_parallel
 
 _G = generator(0)

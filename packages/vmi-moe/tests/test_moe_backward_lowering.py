@@ -13,11 +13,7 @@ import re
 
 import pytest
 
-from vmi_core.source_checks import (
-    assert_vector_regions,
-    barriers_in_thread_guards,
-    dma_counts,
-)
+from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_moe.kernels.moe_topk_gate_backward import GateBackwardSpec, build_moe_topk_gate_backward
 

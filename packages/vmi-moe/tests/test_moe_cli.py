@@ -8,8 +8,8 @@ so a ``matches the reference`` line means something.
 import pytest
 import torch
 
-from vmi_core.cli import main
-from vmi_core.registry import discover
+from vmi_core.tools.cli import main
+from vmi_core.tools.registry import discover
 
 OPS = ("topk_gate", "normalize_weight", "moe_topk_gate", "moe_topk_gate_backward")
 SMALL = {"normalize_weight": "300x8"}

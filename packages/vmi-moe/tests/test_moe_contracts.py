@@ -10,7 +10,7 @@
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, generator
+from vmi_core.tools.testing import assert_bitwise_equal, generator
 from vmi_moe import moe_topk_gate_autograd, moe_topk_gate_backward, moe_topk_gate_forward
 
 E, K, T = 72, 6, 70

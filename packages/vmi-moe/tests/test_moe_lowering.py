@@ -15,12 +15,7 @@ import itertools
 
 import pytest
 
-from vmi_core.source_checks import (
-    assert_vector_regions,
-    barriers_in_thread_guards,
-    dma_counts,
-    nvcc_compile,
-)
+from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts, nvcc_compile
 from vmi_devkit.cases.moe_cases import GateCase, gate_spec
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_moe.kernels.moe_topk_gate import GateSpec, build_moe_topk_gate

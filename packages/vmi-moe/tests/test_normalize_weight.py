@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.cases.moe_cases import FLAVORS, counts_on, flavor_targets
 from vmi_moe import normalize_weight, normalize_weight_parallel
 from vmi_moe.kernels.normalize_weight import BLOCK_M

@@ -27,7 +27,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vmi_core.testing import assert_bitwise_equal
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.cases.moe_backward_cases import CASES as BACKWARD_CASES
 from vmi_devkit.cases.moe_backward_cases import FULL_CASES as BACKWARD_FULL_CASES
 from vmi_devkit.cases.moe_backward_cases import assert_matches_reference, assert_positive_zero_rows, gate_data, run

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_moe.reference import moe_topk_gate_backward
 from vmi_moe.reference.backward import _backward_f64
 

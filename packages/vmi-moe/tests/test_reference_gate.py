@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from vmi_core.formats import f32_bits
-from vmi_core.softplus import sqrt_softplus
 from vmi_core.stochastic import sr_hash
-from vmi_core.testing import assert_bitwise_equal
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_moe.reference import force_random_route, moe_topk_gate_forward, resolve_collisions
 from vmi_moe.reference.gate import RANDOM_TAG
+from vmi_moe.softplus import sqrt_softplus
 
 FLAVORS = ("ascend", "cuda")
 G0 = 0.8325546383857727  # fp32(sqrt(ln 2)): the correctly rounded sqrt(softplus(0))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vmi_core.formats import f32_bits
-from vmi_core.testing import assert_bitwise_equal
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_moe.reference import denominator, normalize_weight
 
 FLAVORS = ("ascend", "cuda")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_moe.reference import stable_topk, topk_gate
 
 

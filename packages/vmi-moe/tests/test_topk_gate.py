@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.cases.moe_cases import SIM, TARGETS, TIE_KINDS, counts_on, tie_expectations, token_counts, with_ties
 from vmi_moe import topk_gate, topk_gate_parallel
 from vmi_moe.kernels.topk_gate import TopkGateSpec

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_quant import (
     NormCastOptions,
     RMSNormFunction,

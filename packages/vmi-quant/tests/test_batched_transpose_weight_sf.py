@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_quant import reference
 from vmi_quant.ops.batched_transpose_weight_sf import batched_transpose_weight_sf, batched_transpose_weight_sf_parallel
 

@@ -16,7 +16,7 @@ import torch
 
 from vmi_core.formats import f32_from_bits
 from vmi_core.stochastic import random16, stochastic_round
-from vmi_core.testing import (
+from vmi_core.tools.testing import (
     SIM_SCHEDULES,
     assert_bitwise_equal,
     generator,

@@ -15,7 +15,7 @@ import importlib
 import pytest
 import torch
 
-from vmi_core.testing import (
+from vmi_core.tools.testing import (
     SIM_SCHEDULES,
     assert_bitwise_equal,
     generator,

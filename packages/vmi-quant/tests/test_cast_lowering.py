@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, CAST_SPECS, case_id, cast_back_spec
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.cast import CastSpec, build_cast

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from vmi_core.registry import discover
+from vmi_core.tools.registry import discover
 from vmi_quant.ops.cast_back import cast_back
 from vmi_quant.ops.per_token_cast import per_token_cast
 from vmi_quant.ops.per_token_cast_and_cast_back import per_token_cast_and_cast_back

@@ -10,7 +10,7 @@
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_quant import per_token_cast_and_cast_back, reference
 
 # The simulator builds for these error paths run in the slow run.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vmi_core.checks import INT32_MAX
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_quant import per_block_cast, per_token_cast, per_token_cast_and_cast_back, reference
 
 K = 256

@@ -19,7 +19,7 @@ import torch
 
 from vmi_core.formats import e2m1_unpack, e4m3_decode, f32_bits
 from vmi_core.targets import get_flavor
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_devkit.cases.ptc_cases import DTYPES, SF_MODES
 from vmi_quant import (
     per_block_cast,

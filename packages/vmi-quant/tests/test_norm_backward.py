@@ -18,7 +18,7 @@ import itertools
 import pytest
 import torch
 
-from vmi_core.testing import assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import assert_bitwise_equal, randn, sim_schedule
 from vmi_quant import reference
 from vmi_quant.ops.norm_backward import norm_backward, norm_backward_parallel
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_quant import reference
 from vmi_quant.ops.norm_forward import (
     NORM_FORWARD,

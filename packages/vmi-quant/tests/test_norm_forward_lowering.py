@@ -15,8 +15,8 @@ import re
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.norm_forward import build_norm_forward
 from vmi_quant.ops.norm_forward import make_spec

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.cases.pbcl_cases import COVERING, FULL, SIM_COVERING, SIM_FULL, case_id, sf_options
 from vmi_quant import reference
 from vmi_quant.ops.per_block_cast_lossless import per_block_cast_lossless, per_block_cast_lossless_parallel

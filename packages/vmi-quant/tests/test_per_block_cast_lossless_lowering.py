@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.sf_layout import SFLayout
-from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.pbcl_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.per_block_cast_lossless import build_per_block_cast_lossless
 from vmi_quant.ops.per_block_cast_lossless import make_spec
+from vmi_quant.sf_layout import SFLayout
 
 
 def _layout(flavor, sf_mode, block_k):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import (
+from vmi_core.tools.testing import (
     SIM_SCHEDULES,
     assert_bitwise_equal,
     generator,

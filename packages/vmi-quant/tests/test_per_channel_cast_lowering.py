@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.sf_layout import SFLayout
-from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.pcc_cases import COVERING, CUDA_LOWERING, IN_SF, LOWERING, OUT_SF, case_id
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.per_channel_cast import build_per_channel_cast
 from vmi_quant.ops.per_channel_cast import make_spec
+from vmi_quant.sf_layout import SFLayout
 
 
 def _spec(in_dtype, npc, in_sf, npt, out_sf, flavor):

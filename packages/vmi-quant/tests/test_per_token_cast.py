@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vmi_core.formats import e2m1_decode, e2m1_unpack, e4m3_decode
-from vmi_core.testing import (
+from vmi_core.tools.testing import (
     SIM_SCHEDULES,
     assert_bitwise_equal,
     randn,

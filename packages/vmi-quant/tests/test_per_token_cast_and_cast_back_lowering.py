@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.ptccb_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.per_token_cast_and_cast_back import build_per_token_cast_and_cast_back

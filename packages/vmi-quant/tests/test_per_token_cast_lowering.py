@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.sf_layout import SFLayout
-from vmi_core.source_checks import assert_vector_regions, cpu_vectorized_loops, dma_counts
 from vmi_core.targets import get_flavor
+from vmi_core.tools.source_checks import assert_vector_regions, cpu_vectorized_loops, dma_counts
 from vmi_devkit.cases.ptc_cases import COVERING, FULL, SF_MODES
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.per_token_cast import QuantInput, build_per_token_cast
 from vmi_quant.ops.per_token_cast import make_spec
+from vmi_quant.sf_layout import SFLayout
 
 
 def _spec(in_dtype, fmt, npc, sf_mode, col_major, flavor, mode="cast", stochastic=False, quant_input=None):

@@ -22,7 +22,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vmi_core.testing import assert_bitwise_equal
+from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.cases import cast_cases, pbc_cases, pbcl_cases, ptc_cases, ptccb_cases
 from vmi_devkit.strategies import Guarded, float_matrix, load_profile, slow_settings, with_row_padding
 from vmi_quant import (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
 from vmi_quant import reference
 from vmi_quant.config import reset_runtime_config, set_token_alignment
 from vmi_quant.inputs import expert_rows

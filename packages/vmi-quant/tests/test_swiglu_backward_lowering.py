@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.sf_layout import SFLayout
-from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.swiglu_backward import build_swiglu_backward
 from vmi_quant.ops.swiglu_backward import make_spec
+from vmi_quant.sf_layout import SFLayout
 
 # (x format, grad format, npc, packed SF, flavor, weights, clamp, recompute, psum, H). The plain
 # path's source runs in the default ascend-sim test; its assertions here run under ``slow``.

@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.sf_layout import align
-from vmi_core.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
+from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
 from vmi_devkit.cases.swiglu_forward_cases import COVERING, FULL, SF_MODES, SIM_COVERING, SIM_FULL, case_id
 from vmi_quant.config import get_token_alignment, set_token_alignment
 from vmi_quant.inputs import expert_rows
@@ -27,6 +26,7 @@ from vmi_quant.ops.swiglu_forward import (
     swiglu_forward_parallel,
 )
 from vmi_quant.reference import swiglu_forward as reference
+from vmi_quant.sf_layout import align
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 ALIGNMENT = 8

@@ -15,9 +15,9 @@ import itertools
 import pytest
 import torch
 
-from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
-from vmi_core.testing import assert_bitwise_equal, randn
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
+from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.swiglu_forward_and_per_channel_cast_and_transpose import build_swiglu_per_channel
 from vmi_quant.ops.swiglu_forward_and_per_channel_cast_and_transpose import (

@@ -14,13 +14,13 @@ import re
 
 import pytest
 
-from vmi_core.sf_layout import SFLayout
-from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.targets import get_flavor
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.swiglu_forward_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.swiglu_forward import build_swiglu_forward
 from vmi_quant.ops.swiglu_forward import make_spec
+from vmi_quant.sf_layout import SFLayout
 
 
 def _spec(in_dtype, fmt, npc, sf_mode, with_psum, weights, clamp, count, flavor):

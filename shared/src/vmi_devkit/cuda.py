@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.source_checks import nvcc_compile, nvcc_path
+from vmi_core.tools.source_checks import nvcc_compile, nvcc_path
 
 
 def nvcc_compile_or_skip(src: str, arch: str = "sm_90a") -> None:

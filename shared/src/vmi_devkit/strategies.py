@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from vmi_core.formats import f32_from_bits
-from vmi_core.testing import generator, randn_with_ties, with_zero_groups
+from vmi_core.tools.testing import generator, randn_with_ties, with_zero_groups
 
 PROFILE_ENV = "VMI_HYPOTHESIS_PROFILE"
 DEFAULT_EXAMPLES = 20

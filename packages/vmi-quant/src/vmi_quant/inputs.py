@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import INT32_MAX, check_int, check_int_choice, check_kernel_extent, check_tensor, is_traced
-from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor
+from vmi_quant.sf_layout import SFLayout, ceil_div
 
 from .config import validate_quant_fmt
 

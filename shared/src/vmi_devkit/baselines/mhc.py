@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from vmi_core.bench import Baseline, in_row_chunks
+from vmi_core.tools.bench import Baseline, in_row_chunks
 from vmi_mhc.ops.demo import NORM_EPS
 
 # vmi_mhc.ops runs pre_split_mixes with TileKernels' test values.

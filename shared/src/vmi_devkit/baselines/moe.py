@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vmi_core.bench import Baseline, in_row_chunks
+from vmi_core.tools.bench import Baseline, in_row_chunks
 
 EPSILON = 1e-20
 SCALE = 1.5

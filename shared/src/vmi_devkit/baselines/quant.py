@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from vmi_core.bench import Baseline, chunked_reference, in_row_chunks
 from vmi_core.targets import get_flavor
+from vmi_core.tools.bench import Baseline, chunked_reference, in_row_chunks
 from vmi_quant.config import get_amax_clamp_for_quant, get_token_alignment
 from vmi_quant.inputs import expert_rows
 from vmi_quant.ops.norm_forward import NORM_EPS

@@ -6,10 +6,10 @@ import itertools
 
 import torch
 
-from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import get_flavor
 from vmi_quant.kernels.cast import CastSpec
 from vmi_quant.kernels.cast_back import CastBackSpec
+from vmi_quant.sf_layout import SFLayout
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 from vmi_devkit.cases.moe_cases import SIM_CORES
 from vmi_moe import moe_topk_gate_backward, moe_topk_gate_forward
 from vmi_moe.kernels.moe_topk_gate_backward import GateBackwardSpec

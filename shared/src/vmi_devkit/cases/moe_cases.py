@@ -21,12 +21,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vmi_core.softplus import sqrt_softplus
-from vmi_core.testing import generator
 from vmi_core.tl.shell import DEFAULT_WORKERS
+from vmi_core.tools.testing import generator
 from vmi_moe import moe_topk_gate_forward
 from vmi_moe.kernels.moe_topk_gate import GateSpec
 from vmi_moe.reference import moe_topk_gate_forward as reference_gate
+from vmi_moe.softplus import sqrt_softplus
 
 FLAVORS = ("ascend", "cuda")
 SCALE = 1.5

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from vmi_core.library import Option
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 
 from ..inputs import MAX_STREAMS, MHC_MULT, mix_width
 

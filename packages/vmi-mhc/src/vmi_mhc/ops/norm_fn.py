@@ -21,18 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import (
-    check_disjoint,
-    check_in_place,
-    check_int,
-    check_kernel_extent,
-    check_tensor,
-    mark_written,
-)
+from vmi_core.checks import check_disjoint, check_in_place, check_int, check_kernel_extent, check_tensor, mark_written
 from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.rstd import MAX_HIDDEN
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 
 from ..inputs import check_rms_eps
 from ..kernels import norm_fn as parallel

@@ -14,7 +14,7 @@ import torch
 from vmi_core.checks import check_disjoint, check_int, check_kernel_extent, check_tensor
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import randn
+from vmi_core.tools.testing import randn
 
 from ..inputs import MHC_MULT, check_mhc_mult
 from ..kernels import post as parallel

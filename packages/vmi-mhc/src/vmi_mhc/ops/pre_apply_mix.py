@@ -14,7 +14,7 @@ import torch
 from vmi_core.checks import check_disjoint, check_in_place, check_kernel_extent, check_tensor, mark_written
 from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import generator, randn
+from vmi_core.tools.testing import generator, randn
 
 from ..inputs import check_streams
 from ..kernels import pre_apply_mix as parallel

@@ -15,18 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import (
-    INT32_MAX,
-    check_disjoint,
-    check_in_place,
-    check_int,
-    check_kernel_extent,
-    check_tensor,
-)
+from vmi_core.checks import INT32_MAX, check_disjoint, check_in_place, check_int, check_kernel_extent, check_tensor
 from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.rstd import MAX_HIDDEN
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 
 from ..inputs import MHC_MULT, check_mhc_mult, check_rms_eps, finite_fp32, mix_width, post_mult_fp32
 from ..kernels import pre_big_fuse as parallel

@@ -19,7 +19,7 @@ import torch
 from vmi_core.checks import check_disjoint, check_in_place, check_int, check_kernel_extent, check_tensor, mark_written
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import compare_named, randn
+from vmi_core.tools.testing import compare_named, randn
 
 from ..inputs import MHC_MULT, mix_width
 from ..kernels import pre_norm_fn_gemm as parallel

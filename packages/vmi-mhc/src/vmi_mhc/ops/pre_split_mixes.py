@@ -14,7 +14,7 @@ import torch
 from vmi_core.checks import check_disjoint, check_kernel_extent, check_tensor
 from vmi_core.library import Command, KernelOp, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 
 from ..inputs import MHC_MULT, check_mhc_mult, finite_fp32, mix_width, post_mult_fp32
 from ..kernels import pre_split_mixes as parallel

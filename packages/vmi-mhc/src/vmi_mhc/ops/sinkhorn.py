@@ -17,7 +17,7 @@ import torch
 from vmi_core.checks import INT32_MAX, check_disjoint, check_float, check_int, check_kernel_extent, check_tensor
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 
 from ..inputs import MHC_MULT, check_mhc_mult
 from ..kernels import sinkhorn as parallel

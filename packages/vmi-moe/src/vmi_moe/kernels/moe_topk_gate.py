@@ -42,9 +42,9 @@ from vmi_core.tl import formats as F
 from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.simd import LaneVar
-from vmi_core.tl.softplus import sqrt_softplus_forward
 from vmi_core.tl.stochastic import sr_mix, sr_word
 from vmi_core.tl.vector import RowAt
+from vmi_moe.tl.softplus import sqrt_softplus_forward
 
 from .common import (
     DENOM_EPS,

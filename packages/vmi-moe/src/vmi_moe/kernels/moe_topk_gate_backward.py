@@ -36,7 +36,7 @@ from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import f32_const
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LaneVar, select
-from vmi_core.tl.softplus import sqrt_softplus_backward
+from vmi_moe.tl.softplus import sqrt_softplus_backward
 
 from .common import DENOM_EPS, STATUS_BAD_INDEX, STATUS_WORDS, clamp, padded, row_bytes, row_chunks, tile_rows
 

@@ -13,9 +13,9 @@ import torch
 
 from vmi_core.checks import INT32_MAX, check_bool, check_disjoint, check_float, check_int, check_tensor
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
-from vmi_core.softplus import sqrt_softplus
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import bitwise_mismatches, generator
+from vmi_core.tools.testing import bitwise_mismatches, generator
+from vmi_moe.softplus import sqrt_softplus
 
 from ..inputs import check_scoring_func, check_topk, new_status, raise_status
 from ..kernels import moe_topk_gate as parallel

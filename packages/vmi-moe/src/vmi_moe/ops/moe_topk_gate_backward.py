@@ -14,7 +14,7 @@ import torch
 from vmi_core.checks import check_disjoint, check_float, check_tensor
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 
 from ..inputs import check_scoring_func, check_topk, new_status, raise_status
 from ..kernels import moe_topk_gate_backward as parallel

@@ -16,7 +16,7 @@ import torch
 from vmi_core.checks import check_tensor
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import generator
+from vmi_core.tools.testing import generator
 
 from ..inputs import MAX_TOPK
 from ..kernels import normalize_weight as parallel

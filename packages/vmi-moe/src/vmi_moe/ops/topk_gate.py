@@ -15,7 +15,7 @@ import torch
 from vmi_core.checks import check_tensor
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import randn
+from vmi_core.tools.testing import randn
 
 from ..inputs import check_topk, new_status, raise_status
 from ..kernels import topk_gate as parallel

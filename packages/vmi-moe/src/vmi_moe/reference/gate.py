@@ -10,11 +10,11 @@ are appended with weight 1 and logical ids are mapped to physical replicas.
 
 import torch
 
-from vmi_core.softplus import sqrt_softplus
 from vmi_core.stochastic import sr_hash
 from vmi_core.targets import Flavor, get_flavor
 from vmi_moe.reference.normalize import denominator
 from vmi_moe.reference.topk import stable_topk
+from vmi_moe.softplus import sqrt_softplus
 
 SCORING_FUNC = "sqrtsoftplus"
 # Consecutive tokens step through the replicas of an expert by this prime.

@@ -27,10 +27,10 @@ import torch
 
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
 from vmi_core.kernel import kernel
-from vmi_core.sf_layout import SFLayout
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.vector import decode
+from vmi_quant.sf_layout import SFLayout
 
 from .common import KERNEL_DTYPE, load_scale
 

@@ -32,12 +32,12 @@ import torch
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
-from vmi_core.sf_layout import SFLayout, align, sf_address
 from vmi_core.tl import formats as F
 from vmi_core.tl.rstd import rstd
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, Vec, keep, select, simd
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, group_tile_shape
+from vmi_quant.sf_layout import SFLayout, align, sf_address
 
 from .common import KERNEL_DTYPE, ScaleRule, canonical_nan, encode, scale_from_amax
 

@@ -27,10 +27,10 @@ import torch
 
 from vmi_core.cpu_parallel import run_rows
 from vmi_core.kernel import kernel
-from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.vector import decode
+from vmi_quant.sf_layout import SFLayout, sf_address
 
 from ..reference.lossless import EXPONENT_FOOTROOM, EXPONENT_HEADROOM
 

@@ -28,11 +28,11 @@ import torch
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
-from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, maximum
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store
+from vmi_quant.sf_layout import SFLayout, sf_address
 
 from .common import KERNEL_DTYPE, ScaleRule, encode, load_scale, scale_from_amax
 

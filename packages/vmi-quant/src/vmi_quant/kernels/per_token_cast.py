@@ -29,12 +29,12 @@ import torch
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
-from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, Vec, bitcast, keep, select
 from vmi_core.tl.stochastic import sr_mix, sr_random16_at, stochastic_round
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, deinterleave, gather, phase_barrier, store
+from vmi_quant.sf_layout import SFLayout, sf_address
 
 from .common import KERNEL_DTYPE, ScaleRule, canonical_nan, encode, encode_stochastic_quad, load_scale, scale_from_amax
 

@@ -30,12 +30,12 @@ import torch
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
-from vmi_core.sf_layout import SFLayout, sf_address
 from vmi_core.targets import lowering_target
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import exp, keep, select
 from vmi_core.tl.vector import decode
+from vmi_quant.sf_layout import SFLayout, sf_address
 
 from .common import KERNEL_DTYPE, ScaleRule, canonical_nan, encode, scale_from_amax
 

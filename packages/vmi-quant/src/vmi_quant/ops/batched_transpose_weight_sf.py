@@ -29,7 +29,7 @@ import torch
 from vmi_core.checks import INT32_MAX, check_disjoint, check_kernel_extent, check_tensor, is_traced
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
-from vmi_core.testing import generator, randn
+from vmi_core.tools.testing import generator, randn
 
 from ..kernels import batched_transpose_weight_sf as parallel
 from ..reference.cast import cast as reference_cast

@@ -13,7 +13,7 @@ import torch
 
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import randn
+from vmi_core.tools.testing import randn
 
 from ..kernels import cast as parallel
 from ..reference import elementwise as reference

@@ -14,7 +14,7 @@ import torch
 from vmi_core.checks import INT32_MAX, check_int
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.testing import randn
+from vmi_core.tools.testing import randn
 
 from .. import reference
 from ..inputs import decode_input, split_pair

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from vmi_core.library import support
-from vmi_core.testing import generator, randn
+from vmi_core.tools.testing import generator, randn
 
 from ..config import get_token_alignment
 

@@ -10,17 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import (
-    check_disjoint,
-    check_float,
-    check_in_place,
-    check_kernel_extent,
-    check_tensor,
-    mark_written,
-)
+from vmi_core.checks import check_disjoint, check_float, check_in_place, check_kernel_extent, check_tensor, mark_written
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
-from vmi_core.testing import compare_named, randn
+from vmi_core.tools.testing import compare_named, randn
 
 from .. import reference
 from ..inputs import PLAIN_DTYPES, check_matrix, check_same_device

@@ -19,9 +19,9 @@ import torch
 from vmi_core.checks import check_bool, check_disjoint, check_float, check_int, check_kernel_extent, check_tensor
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.rstd import rstd_constants
-from vmi_core.sf_layout import SFLayout, align, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
-from vmi_core.testing import randn
+from vmi_core.tools.testing import randn
+from vmi_quant.sf_layout import SFLayout, align, ceil_div
 
 from .. import reference
 from ..config import get_amax_clamp_for_quant

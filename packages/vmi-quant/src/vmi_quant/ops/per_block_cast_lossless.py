@@ -13,9 +13,9 @@ import torch
 
 from vmi_core.checks import is_traced
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
-from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
-from vmi_core.testing import randn
+from vmi_core.tools.testing import randn
+from vmi_quant.sf_layout import SFLayout, ceil_div
 
 from ..inputs import check_matrix, check_same_device, check_sf_options, logical_cols, sf_layout_of, split_pair
 from ..kernels import per_block_cast_lossless as parallel

@@ -13,8 +13,8 @@ import torch
 
 from vmi_core.checks import check_disjoint
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
-from vmi_core.sf_layout import SFLayout, ceil_div
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
+from vmi_quant.sf_layout import SFLayout, ceil_div
 
 from .. import reference
 from ..config import get_amax_clamp_for_quant

@@ -16,9 +16,9 @@ import torch
 from vmi_core.checks import check_disjoint, check_float, check_int_choice, check_tensor
 from vmi_core.fp32 import division_flushes_subnormals
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
-from vmi_core.sf_layout import SFLayout
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
-from vmi_core.testing import generator, randn
+from vmi_core.tools.testing import generator, randn
+from vmi_quant.sf_layout import SFLayout
 
 from ..config import get_amax_clamp_for_quant, get_token_alignment
 from ..inputs import PLAIN_DTYPES, check_matrix, check_psum, check_same_device, check_sf_options

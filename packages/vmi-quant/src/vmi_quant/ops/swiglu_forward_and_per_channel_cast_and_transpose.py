@@ -17,7 +17,7 @@ from vmi_core.checks import check_bool, check_float, check_int_choice
 from vmi_core.fp32 import division_flushes_subnormals
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
-from vmi_core.testing import randn
+from vmi_core.tools.testing import randn
 
 from ..config import get_amax_clamp_for_quant
 from ..inputs import check_matrix, check_sf_options

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 
 import torch
 
-from .cpu_parallel import THREADS_ENV
+from ..cpu_parallel import THREADS_ENV
 
 # Row chunks whose temporaries stay in cache: the chunk the baselines try besides the whole tensor.
 CHUNK_ROWS = 128

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
+from ..compile import cache_dir
+from ..targets import FLAVORS, TARGETS, device_of, flavor_argument, resolve_flavor
 from . import bench
 from . import cache as vmi_cache
-from .compile import cache_dir
 from .registry import OpInfo, discover
-from .targets import FLAVORS, TARGETS, device_of, flavor_argument, resolve_flavor
 
 
 class UserError(Exception):
@@ -352,7 +352,7 @@ def cmd_source(ops, args) -> int:
 def _source_stats(op: OpInfo, options: dict, args) -> int:
     """The Ascend kernel's vector regions (static) and what one launch executes on ascend-sim, per
     element of the op's largest input."""
-    from .ascend_sim import last_launch_stats
+    from ..ascend_sim import last_launch_stats
     from .source_checks import dma_counts, region_report
 
     if args.target not in ("ascend", "ascend-sim"):

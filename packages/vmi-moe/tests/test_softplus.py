@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from vmi_core.compile import compile_kernel, cuda_arch, lower
-from vmi_core.softplus import sqrt_softplus, sqrt_softplus_grad
-from vmi_core.source_checks import assert_vector_regions, dma_counts
 from vmi_core.tl.shell import Shell
-from vmi_core.tl.softplus import SQRT_LN2, sqrt_softplus_backward, sqrt_softplus_forward
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_moe.softplus import sqrt_softplus, sqrt_softplus_grad
+from vmi_moe.tl.softplus import SQRT_LN2, sqrt_softplus_backward, sqrt_softplus_forward
 
 N = 1 << 17
 BLOCK = 1024

@@ -17,8 +17,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .compile import ENTRIES_DIR, cache_dir
-from .targets import TARGETS
+from ..compile import ENTRIES_DIR, cache_dir
+from ..targets import TARGETS
 
 
 def _size(path: Path) -> int:

@@ -18,8 +18,8 @@ from importlib.metadata import entry_points
 
 import torch
 
-from .library import KERNEL_OPS, KernelOp, Option
-from .targets import device_of, flavor_argument, resolve_flavor
+from ..library import KERNEL_OPS, KernelOp, Option
+from ..targets import device_of, flavor_argument, resolve_flavor
 from .testing import compare_named
 
 ENTRY_POINT_GROUP = "vmi.ops"

@@ -244,7 +244,7 @@ def cpu_vectorized_loops(src: str, timeout: float = 300.0) -> list[str] | None:
     import tilelang
     from tilelang.contrib.cc import get_cplus_compiler
 
-    from .compile import cpu_compile_flags
+    from ..compile import cpu_compile_flags
 
     cxx = get_cplus_compiler() or "g++"
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout

@@ -39,9 +39,9 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
+from .. import __version__
+from ..targets import TARGETS, device_of, resolve_flavor
 from .registry import OpInfo, discover
-from .targets import TARGETS, device_of, resolve_flavor
 
 MAX_LINES = 12  # mismatch lines kept per case
 

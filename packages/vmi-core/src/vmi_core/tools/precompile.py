@@ -34,8 +34,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..targets import FLAVORS, device_of, resolve_flavor
 from .registry import OpInfo, discover
-from .targets import FLAVORS, device_of, resolve_flavor
 
 # Tokens of the call that warms a variant on cpu and ascend-sim: a multiple of every op's row
 # block (per-block casts need multiples of 128), small enough to run in milliseconds.
@@ -186,7 +186,7 @@ def _can_build_ascend() -> bool:
 
 def _warm(op: OpInfo, variant: Variant, options: dict) -> bool:
     """Compile (or lower) ``variant``'s kernels; False when only the Ascend lowering could be done."""
-    from .compile import cached_kernel, kernel_requests, kernel_source
+    from ..compile import cached_kernel, kernel_requests, kernel_source
 
     if _device_present(variant.target):
         shape = (PRECOMPILE_ROWS, *variant.shape[1:])
@@ -220,7 +220,7 @@ def _quiet() -> None:
 
 def run_variant(variant: Variant) -> Result:
     """Warm one variant in this process (a worker's task)."""
-    from .compile import watch_entries
+    from ..compile import watch_entries
 
     op = discover()[variant.op]
     start = time.perf_counter()
@@ -240,7 +240,7 @@ def run_variant(variant: Variant) -> Result:
 def _kernels_of(op: OpInfo, variant: Variant) -> tuple:
     """What decides ``variant``'s kernels: the builders and specialisations its options select (as
     the op's ``source`` names them), its target and the shape past the token count."""
-    from .compile import kernel_requests
+    from ..compile import kernel_requests
 
     try:
         with kernel_requests() as requests:

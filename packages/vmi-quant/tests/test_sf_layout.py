@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from vmi_core.formats import e4m3_decode, ue8m0_unpack
-from vmi_core.sf_layout import SFLayout, align, ceil_div, sf_address
 from vmi_core.targets import ASCEND, CUDA
+from vmi_quant.sf_layout import SFLayout, align, ceil_div, sf_address
 
 FLAVORS = {"ascend": ASCEND, "cuda": CUDA}
 GRIDS = [(1, 1), (5, 8), (5, 2), (4, 64), (7, 3), (17, 9), (16, 16), (33, 5), (3, 1), (1, 7)]

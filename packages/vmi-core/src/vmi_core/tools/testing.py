@@ -8,8 +8,8 @@ import os
 
 import torch
 
-from .ascend_sim import SCHEDULE_ENV
-from .ascend_sim import SCHEDULES as SIM_SCHEDULES
+from ..ascend_sim import SCHEDULE_ENV
+from ..ascend_sim import SCHEDULES as SIM_SCHEDULES
 
 _BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
