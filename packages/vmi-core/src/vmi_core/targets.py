@@ -12,6 +12,16 @@ multiplication order for pre-quantized inputs, the MoE gate's summation order an
 quotient check, the gate backward's auxiliary-term order), an op follows the
 flavor of its target. ``cpu`` defaults to the ``ascend`` flavor and can run the
 ``cuda`` one.
+
+Every op takes them as the keyword-only ``target`` and ``flavor`` (its docstring refers here).
+``target``: the argument, else ``$VMI_TARGET``, else the target of the op's leading tensor's device
+(npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``); a kernel target must match that device
+(``ascend-sim`` runs on cpu tensors; a meta tensor takes any target). ``flavor``: only choosable on
+``cpu`` and ``torch`` (the argument, else ``$VMI_FLAVOR``, else ``ascend``); ``ascend``,
+``ascend-sim`` and ``cuda`` always use their own. Errors, raised before any kernel runs:
+``TypeError`` when either is neither a str nor None; ``ValueError`` when either is unknown, a
+kernel target does not match the device, or ``flavor`` is not the own flavor of ``ascend``,
+``ascend-sim`` or ``cuda``.
 """
 
 from __future__ import annotations

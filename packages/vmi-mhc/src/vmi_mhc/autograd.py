@@ -222,7 +222,7 @@ def expand_to_mhc(hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | None 
         out: Optional bf16 ``(..., n, H)`` contiguous output, written and returned.
         target: Where the kernels run: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
             reference ``"torch"``; default ``$VMI_TARGET``, else the device's target.
-        flavor: ``"ascend"`` or ``"cuda"`` bit conventions (see ``vmi_core.targets``).
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         bf16 ``(..., n, H)``: ``out``'s memory when given.

@@ -147,13 +147,9 @@ def moe_topk_gate_autograd(logits: torch.Tensor, num_topk: int, use_shared_as_ro
         force_random: As ``moe_topk_gate_forward``.
         num_sequences: Optional number of sequences ``Nseq >= 1`` dividing ``T`` (``T / Nseq``
             consecutive tokens each): also return ``scores_sum``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of logits's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``logits``.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         ``(topk_idx, topk_weights)`` as ``moe_topk_gate_forward`` returns them (int64 and fp32

@@ -126,14 +126,9 @@ def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor, *, target: str | None = 
         x: The hidden state, contiguous bf16 ``(T, H)``, ``H >= 1``.
         o: The output, contiguous bf16 ``(T, n, H)`` with ``1 <= n <= 16``, on x's device; it is
             overwritten (and returned) and must not share memory with ``x``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. Both flavors give the
-            same bits.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
+        flavor: Bit conventions (see ``vmi_core.targets``). Both flavors give the same bits.
 
     Returns:
         ``o``, written.
@@ -144,10 +139,7 @@ def expand_to_mhc_fwd(x: torch.Tensor, o: torch.Tensor, *, target: str | None = 
             has a stream count outside ``[1, 16]``, a shape other than ``(T, n, H)``, is not
             contiguous, is on another device or shares memory with ``x``; a tensor is too large
             for 32-bit kernel offsets.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
-            ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and ``o`` requires grad.
     """
     if not isinstance(o, torch.Tensor):
@@ -186,10 +178,7 @@ def expand_to_mhc_bwd(o_grad: torch.Tensor, x_grad: torch.Tensor, *, target: str
             ``[1, 16]`` or no hidden column; ``x_grad`` has a shape other than ``(T, H)``, is not
             contiguous, is on another device or shares memory with ``o_grad``; a tensor is too
             large for 32-bit kernel offsets.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of o_grad, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim``
-            or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and ``x_grad`` requires grad.
     """
     if not isinstance(x_grad, torch.Tensor):

@@ -213,14 +213,10 @@ def mhc_head_compute_mix_fwd(input_mix: torch.Tensor, mhc_scale: torch.Tensor, m
         token_block_size: TileKernels' tokens per block (0: its automatic choice); an int >= 0.
             vmi's kernels work on fixed 64-token tiles, so the value does not change the result
             or the launch.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of input_mix's
-            device (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the
-            device (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. The flavor gives the
-            division of the sigmoid: subnormal quotients flushed to zero (ascend) or kept (cuda).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            input_mix.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the division of the sigmoid:
+            subnormal quotients flushed to zero (ascend) or kept (cuda).
 
     Returns:
         ``output_mix``: the given output, written (or a new one where None was given).
@@ -232,10 +228,7 @@ def mhc_head_compute_mix_fwd(input_mix: torch.Tensor, mhc_scale: torch.Tensor, m
             or more than 16 columns, or is too large for 32-bit kernel offsets; another tensor has
             the wrong shape, strides or device; ``output_mix`` shares memory with an input;
             ``mhc_pre_eps`` is not finite as fp32; ``token_block_size`` is negative.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of input_mix, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return MHC_HEAD_COMPUTE_MIX_FWD(input_mix, mhc_scale, mhc_base, mhc_pre_eps, token_block_size,
                                     out=_given(output_mix), target=target, flavor=flavor)
@@ -285,15 +278,10 @@ def mhc_head_compute_mix_bwd(output_mix_grad: torch.Tensor, input_mix: torch.Ten
         token_block_size: TileKernels' tokens per block (0: its automatic choice); an int >= 0.
             vmi's kernels work on fixed 64-token tiles, so the value does not change the result
             or the launch.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of input_mix's
-            device (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the
-            device (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. The flavor gives the
-            division of the recomputed sigmoid: subnormal quotients flushed to zero (ascend) or
-            kept (cuda).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            input_mix.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the division of the recomputed
+            sigmoid: subnormal quotients flushed to zero (ascend) or kept (cuda).
 
     Returns:
         ``(input_mix_grad, mhc_scale_grad_partial, mhc_base_grad_partial)``: the given outputs,
@@ -306,10 +294,7 @@ def mhc_head_compute_mix_bwd(output_mix_grad: torch.Tensor, input_mix: torch.Ten
             or more than 16 columns, or is too large for 32-bit kernel offsets; another tensor has
             the wrong shape, strides or device; an output shares memory with an input or another
             output; ``num_sms`` is outside ``[1, 2^20]``; ``token_block_size`` is negative.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of input_mix, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return MHC_HEAD_COMPUTE_MIX_BWD(output_mix_grad, input_mix, mhc_scale, mhc_base, num_sms, token_block_size,
                                     out=_given(input_mix_grad, mhc_scale_grad_partial, mhc_base_grad_partial),

@@ -247,14 +247,10 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[
         layer_input_list: ``L`` bf16 ``(..., H)`` outputs, overwritten.
         residual_list: ``L_post`` bf16 ``(..., n, H)`` outputs, overwritten: ``residual_list[l] =
             R_{l+1}``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of initial_residual's
-            device (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the
-            device (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. The flavor gives the
-            first step of the layer input's chain (above).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            initial_residual.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the first step of the layer
+            input's chain (above).
 
     Returns:
         ``(layer_input_list, residual_list)``, the given lists, written.
@@ -268,10 +264,7 @@ def mhc_multilayer_recompute(initial_residual: torch.Tensor, pre_mix_list: list[
             ``{L - 1, L}``; a list tensor has the wrong shape, is not contiguous or is on another
             device; an output shares memory with an input or another output; a tensor is too large
             for 32-bit kernel offsets.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of initial_residual, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and an output requires grad.
     """
     MHC_MULTILAYER_RECOMPUTE(initial_residual, pre_mix_list, layer_output_list, post_mix_list, comb_mix_list,

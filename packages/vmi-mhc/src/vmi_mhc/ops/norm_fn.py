@@ -173,9 +173,9 @@ def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor, out_fn: torch.
         normw: fp32 ``(K,)`` contiguous, on fn's device.
         out_fn: fp32 ``(m, K)`` contiguous output on fn's device, sharing no memory with the
             inputs; None allocates it.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of fn's device.
-        flavor: ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``); the result does not depend on it.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``fn``.
+        flavor: Bit conventions (see ``vmi_core.targets``); the result does not depend on it.
 
     Returns:
         out_fn, written.
@@ -362,8 +362,8 @@ def mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted: torch.Tensor, sqrsum_s
         rms_group_size: ``K = n·H``, the values each square sum has, ``1 <= K <= 2^24``.
         rms_eps: The epsilon added to the mean square, finite and ``>= 0``.
         n_splits: ``S``, ``1 <= S <= 64``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of the device.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of the
+            op's leading tensor.
         flavor: ``"ascend"`` or ``"cuda"``: the RMS scale's mean (see above). Only choosable on
             ``cpu`` and ``torch``; ``ascend``, ``ascend-sim`` and ``cuda`` use their own.
 

@@ -200,14 +200,9 @@ def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         comb_res_mix: fp32 ``(B, S, n, n)``, contiguous: ``comb[i, o]``, the weight of input stream
             ``i`` in output stream ``o``.
         out: Optional bf16 ``(B, S, n, H)`` contiguous output; must not share memory with an input.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of residual's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. Both flavors give the
-            same bits here.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``residual``.
+        flavor: Bit conventions (see ``vmi_core.targets``). Both flavors give the same bits here.
 
     Returns:
         ``out``: the given tensor, written, or a new contiguous bf16 ``(B, S, n, H)`` tensor
@@ -219,10 +214,7 @@ def mhc_post_fwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         ValueError: ``residual`` is not 4-D, has ``n`` outside ``[1, 8]`` or ``H == 0``, or is too
             large for 32-bit kernel offsets; another tensor has the wrong shape, is not contiguous
             or is on another device; ``out`` shares memory with an input.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of residual, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return MHC_POST_FWD(x, residual, post_layer_mix, comb_res_mix, out=None if out is None else (out,),
                         target=target, flavor=flavor)
@@ -258,14 +250,9 @@ def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         post_layer_mix: The forward's fp32 ``(B, S, 4, 1)``, contiguous.
         comb_res_mix: The forward's fp32 ``(B, S, 4, 4)``, contiguous.
         d_o: The gradient of the forward's output, bf16 ``(B, S, 4, H)``, any strides.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of residual's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. Both flavors give the
-            same bits here.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``residual``.
+        flavor: Bit conventions (see ``vmi_core.targets``). Both flavors give the same bits here.
 
     Returns:
         d_x: New bf16 ``(B, S, H)``.
@@ -280,10 +267,7 @@ def mhc_post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.
         ValueError: ``residual`` is not 4-D, has ``n != 4`` (the kernel is specialised on 4
             streams) or ``H == 0``, or is too large for 32-bit kernel offsets; another tensor has
             the wrong shape, is not contiguous where required or is on another device.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of residual, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return MHC_POST_BWD(x, residual, post_layer_mix, comb_res_mix, d_o, target=target, flavor=flavor)
 

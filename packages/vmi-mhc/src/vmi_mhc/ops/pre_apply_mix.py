@@ -166,14 +166,10 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: torch.Tensor, *
         mix: The weights, contiguous fp32 ``(T, n)`` or ``(T, n, 1)`` on x's device.
         o: The output, contiguous bf16 ``(T, H)`` on x's device; it is overwritten (and returned)
             and must not share memory with ``x`` or ``mix``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. The flavor gives the
-            first step of the chain (above).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the first step of the chain
+            (above).
 
     Returns:
         ``o``, written.
@@ -184,10 +180,7 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, o: torch.Tensor, *
             no hidden column; ``mix`` or ``o`` has the wrong shape, is not contiguous or is on
             another device; ``o`` shares memory with ``x`` or ``mix``; a tensor is too large for
             32-bit kernel offsets.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
-            ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and ``o`` requires grad.
     """
     if not isinstance(o, torch.Tensor):
@@ -233,10 +226,7 @@ def mhc_pre_apply_mix_bwd(o_grad: torch.Tensor, x: torch.Tensor, mix: torch.Tens
             a hidden size outside ``[1, max_hidden(n)]``; another tensor has the wrong shape, is
             not contiguous or is on another device; ``x_grad`` shares memory with an input; a
             tensor is too large for 32-bit kernel offsets.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
-            ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and ``x_grad`` requires grad.
     """
     return MHC_PRE_APPLY_MIX_BWD(o_grad, x, mix, x_grad, target=target, flavor=flavor)

@@ -203,12 +203,9 @@ def mhc_pre_big_fuse_fwd(gemm_out_mul: torch.Tensor, gemm_out_sqrsum: torch.Tens
             ``mhc_pre_split_mixes_fwd`` takes it.
         sinkhorn_repeat: Sinkhorn iterations, ``>= 1``.
         n_splits: ``S``, ``1 <= S <= 64``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of residual's device.
-            A kernel target must match the device (``ascend-sim`` runs on cpu tensors).
-        flavor: ``"ascend"`` or ``"cuda"`` bit conventions (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            residual.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         ``(post_mix, comb_mix, layer_input)``: the given outputs, written (or new ones where None
@@ -224,10 +221,7 @@ def mhc_pre_big_fuse_fwd(gemm_out_mul: torch.Tensor, gemm_out_sqrsum: torch.Tens
             negative; a scalar not finite as fp32; ``mhc_post_mult_value`` a nonzero value below
             2^-126 in magnitude; an output shares memory with an input or another output; a tensor
             is too large for 32-bit kernel offsets.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the device
-            of residual, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
-            ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and a given output requires grad.
     """
     return MHC_PRE_BIG_FUSE_FWD(gemm_out_mul, gemm_out_sqrsum, mhc_scale, mhc_base, residual, rms_eps, mhc_pre_eps,

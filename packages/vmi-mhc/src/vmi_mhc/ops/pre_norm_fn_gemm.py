@@ -283,10 +283,9 @@ def mhc_pre_norm_fn_gemm_fwd(x: torch.Tensor, fn: torch.Tensor, out_mul_splitted
         out_mul_splitted: Optional fp32 ``(S, T, n3)`` contiguous output (allocated when None).
         sqrsum_splitted: Optional fp32 ``(S, T)`` contiguous output (allocated when None).
         n_splits: ``S``, the number of K slices: ``K / S`` must be a multiple of 64.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device.
-            A kernel target must match the device (``ascend-sim`` runs on cpu tensors).
-        flavor: ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``); both give the same bits.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
+        flavor: Bit conventions (see ``vmi_core.targets``); both give the same bits.
 
     Returns:
         ``(out_mul_splitted, sqrsum_splitted)``: the given outputs, written, or new tensors.
@@ -299,10 +298,7 @@ def mhc_pre_norm_fn_gemm_fwd(x: torch.Tensor, fn: torch.Tensor, out_mul_splitted
             ``x`` or is too large for 32-bit kernel offsets; ``fn`` has no or more than 32 rows
             or not ``K`` columns; ``n_splits`` does not cut ``K`` into slices of a multiple of 64;
             an output overlaps an input or the other output.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
-            ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         NotImplementedError: ``target`` is ``"ascend-sim"``: the simulator has no model of the
             Cube unit yet (the ascend lowering is checked on its source).
     """
@@ -359,9 +355,7 @@ def mhc_pre_norm_fn_gemm_bwd(out_mul_grad: torch.Tensor, sqrsum_grad: torch.Tens
             ``x`` or is too large for 32-bit kernel offsets; ``fn`` has no or more than 32 rows
             or not ``K`` columns; ``K`` is not a multiple of 256; ``x_grad`` or ``fn_grad``
             overlaps another argument.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown or does not fit the device (as the
-            forward).
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and ``x_grad`` requires grad.
         NotImplementedError: ``target`` is ``"ascend-sim"`` (as the forward).
     """

@@ -253,15 +253,10 @@ def mhc_pre_split_mixes_fwd(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, 
         mhc_post_mult_value: The post multiplier (``m``): finite as fp32, 0 or a normal fp32
             number (the backward divides by it), used as ``f32(m)``.
         mhc_pre_eps: The pre floor, finite as fp32, used as ``f32(mhc_pre_eps)``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of input_mixes's
-            device (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the
-            device (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. The flavor gives the
-            division of the sigmoid (and of the backward's post quotient): subnormal quotients
-            flushed to zero (ascend) or kept (cuda).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            input_mixes.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the division of the sigmoid (and
+            of the backward's post quotient): subnormal quotients flushed to zero (ascend) or kept (cuda).
 
     Returns:
         ``(pre_layer_mix, post_layer_mix, comb_res_mix)``: the given outputs, written (or new
@@ -276,10 +271,7 @@ def mhc_pre_split_mixes_fwd(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, 
             memory with an input or another output; ``mhc_post_mult_value`` or ``mhc_pre_eps``
             is not finite as fp32, or ``mhc_post_mult_value`` is a nonzero value below 2^-126
             in magnitude.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of input_mixes, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return MHC_PRE_SPLIT_MIXES_FWD(input_mixes, mhc_scale, mhc_base, mhc_post_mult_value, mhc_pre_eps,
                                    out=_given(pre_layer_mix, post_layer_mix, comb_res_mix), target=target,
@@ -335,15 +327,10 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad: torch.Tensor, post_layer_mix_gra
         mhc_base_grad: Output, fp32 ``(24,)`` contiguous, overwritten; None allocates it. The
             outputs must not share memory with each other or with an input.
         mhc_post_mult_value: The forward's post multiplier (as for the forward).
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of input_mixes's
-            device (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the
-            device (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. The flavor gives the
-            division of the sigmoid (and of the backward's post quotient): subnormal quotients
-            flushed to zero (ascend) or kept (cuda).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            input_mixes.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the division of the sigmoid (and
+            of the backward's post quotient): subnormal quotients flushed to zero (ascend) or kept (cuda).
 
     Returns:
         ``(input_mixes_grad, mhc_scale_grad, mhc_base_grad)``: the given outputs, written (or
@@ -358,10 +345,7 @@ def mhc_pre_split_mixes_bwd(pre_layer_mix_grad: torch.Tensor, post_layer_mix_gra
             device; an output shares memory with an input or another output;
             ``mhc_post_mult_value`` is not finite as fp32, or a nonzero value below 2^-126 in
             magnitude.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of input_mixes, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return MHC_PRE_SPLIT_MIXES_BWD(pre_layer_mix_grad, post_layer_mix_grad, comb_res_mix_grad, input_mixes,
                                    post_layer_mix, mhc_scale, mhc_base, mhc_post_mult_value,

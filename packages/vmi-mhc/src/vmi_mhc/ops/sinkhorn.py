@@ -203,14 +203,10 @@ def mhc_sinkhorn_fwd(comb_res_mix: torch.Tensor, comb_res_mix_out: torch.Tensor 
             device, not overlapping it; None allocates it.
         repeat: Sinkhorn iterations, an int ``>= 1`` (``2 * repeat - 1`` sum normalisations).
         eps: A finite real number ``>= 0`` (at most the largest fp32 value).
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of comb_res_mix's
-            device (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the
-            device (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own. The flavor gives the
-            summation order and the division.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            comb_res_mix.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the summation order and the
+            division.
 
     Returns:
         ``comb_res_mix_out``, written (empty when ``T == 0``: no kernel runs).
@@ -222,10 +218,7 @@ def mhc_sinkhorn_fwd(comb_res_mix: torch.Tensor, comb_res_mix_out: torch.Tensor 
             contiguous or is too large for 32-bit kernel offsets; ``comb_res_mix_out`` has
             another shape or device, is not contiguous or overlaps ``comb_res_mix``;
             ``repeat < 1``; ``eps`` is negative or not finite (in fp32).
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of comb_res_mix, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return MHC_SINKHORN_FWD(comb_res_mix, repeat, eps, out=(comb_res_mix_out,), target=target, flavor=flavor)
 
@@ -276,10 +269,7 @@ def mhc_sinkhorn_bwd(grad_output: torch.Tensor, x: torch.Tensor, grad_input: tor
             too large for 32-bit kernel offsets; ``grad_output`` or ``grad_input`` has another
             shape or device or is not contiguous; ``grad_input`` overlaps an input; ``repeat``
             is outside ``[1, 16]``; ``eps`` is negative or not finite (in fp32).
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
-            ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return MHC_SINKHORN_BWD(grad_output, x, repeat, eps, out=(grad_input,), target=target, flavor=flavor)
 

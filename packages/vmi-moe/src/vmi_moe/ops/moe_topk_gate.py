@@ -357,14 +357,10 @@ def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_rou
         out: Optional preallocated ``(topk_idx, topk_weights)``: contiguous int64 and fp32
             ``[T, P]``.
         scores: Optional contiguous fp32 ``[T, E]`` that receives ``u``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of logits's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
-            The flavor gives the summation order of ``D`` and its quotient check.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``logits``.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the summation order of ``D`` and
+            its quotient check.
 
     Returns:
         topk_idx: int64 ``[T, P]`` (physical ids with ``to_physical_map``, else logical);
@@ -385,10 +381,7 @@ def moe_topk_gate_forward(logits: torch.Tensor, num_topk: int, use_shared_as_rou
             ``to_physical_map``/``logical_count`` is given without the other;
             ``fix_routing_mask`` without ``unmapped_topk_idx``; ``out``, ``scores`` or
             ``unmapped_topk_idx`` overlaps another output or an input.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of logits, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         ValueError: After the kernel ran (the reference ``"torch"`` raises the same before
             writing): non-finite logits of routed tokens, fixed experts outside ``[0, E)``,
             replica counts outside ``[1, Dup]``, or force-random routing with fewer physical

@@ -205,14 +205,10 @@ def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_we
         grad_scores_sum: Optional contiguous fp32 ``[Nseq, E]``, ``Nseq >= 1`` dividing
             ``T``; given together with ``mask``.
         out: Optional preallocated contiguous fp32 ``[T, E]``; must not overlap an input.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of scores's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
-            The flavor gives the evaluation order of the auxiliary term.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``scores``.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the evaluation order of the
+            auxiliary term.
 
     Returns:
         ``grad_logits``, fp32 ``[T, E]`` (contiguous, new, or ``out`` when given).
@@ -224,10 +220,7 @@ def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_we
             is not 2-D or not contiguous or has no expert column; a tensor has the wrong shape,
             stride or device; ``K`` is out of range; ``mask`` and ``grad_scores_sum`` are not
             given together, or ``Nseq`` does not divide ``T``; ``out`` overlaps an input.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of scores, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         ValueError: After the kernel ran (the reference ``"torch"`` raises the same before
             computing): ``topk_idx`` holds an id outside ``[0, E)`` other than -1; ``out`` is
             then left as it was.

@@ -85,14 +85,10 @@ def normalize_weight(topk_weights: torch.Tensor, *, target: str | None = None,
 
     Args:
         topk_weights: Contiguous fp32 ``[T, K]``, ``1 <= K <= 32``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of topk_weights's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
-            The flavor gives the summation order of the denominator.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``topk_weights``.
+        flavor: Bit conventions (see ``vmi_core.targets``). The flavor gives the summation order of the
+            denominator.
 
     Returns:
         denominator: New fp32 ``[T]``.
@@ -102,10 +98,7 @@ def normalize_weight(topk_weights: torch.Tensor, *, target: str | None = None,
         TypeError: ``topk_weights`` is not an fp32 tensor.
         ValueError: ``topk_weights`` is not 2-D or not contiguous, or has fewer than 1 or more
             than 32 columns.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of topk_weights, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return NORMALIZE_WEIGHT(topk_weights, target=target, flavor=flavor)
 

@@ -86,10 +86,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int, *, target: str | None = None,
     Args:
         scores: Contiguous fp32 ``[T, E]``, ``E >= 1``.
         num_topk: Experts per row, ``1 <= num_topk <= min(E, 32)``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of scores's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``scores``.
         flavor: Bit conventions, ``"ascend"`` or ``"cuda"``; checked like every op's (only
             choosable on ``cpu`` and ``torch``) but no bit of ``topk_gate`` depends on it.
 
@@ -100,10 +98,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int, *, target: str | None = None,
         TypeError: ``scores`` is not an fp32 tensor; ``num_topk`` is not an int.
         ValueError: ``scores`` is not 2-D or not contiguous, or has no expert column;
             ``num_topk`` is outside ``[1, min(E, 32)]``.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of scores, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         ValueError: After the kernel ran: ``scores`` holds a NaN or an infinity.
     """
     return TOPK_GATE(scores, num_topk, target=target, flavor=flavor)

@@ -270,13 +270,9 @@ def batched_transpose_weight_sf(sf: Sequence[torch.Tensor], block_size: int, tra
             previous call returned for a weight of the same shape and options, written in place.
             A reused pair must match exactly: dtype, device, shape, strides, and a 32-byte
             aligned start.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of the scales' device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of the
+            op's leading tensor.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         ``[(sf0_out, sf1_out), ...]``, one pair per weight (``[]`` for no weights), in the flavor's
@@ -300,10 +296,7 @@ def batched_transpose_weight_sf(sf: Sequence[torch.Tensor], block_size: int, tra
         ValueError: A scale is not +0 or a finite positive power of two (a sign or mantissa
             bit, a subnormal, inf or NaN): the message names the weight (``sf[i]``). Outputs
             passed in ``outs`` are left untouched.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of the scales, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     _, resolved, weights, device = _prepare(sf, block_size, transpose_sf1s, target, flavor)
     if outs is None:

@@ -112,12 +112,9 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False,
         dtype: Output dtype: ``torch.float32``, ``torch.bfloat16`` or ``torch.float8_e4m3fn``.
         stochastic_rounding: Round stochastically; only fp32 -> bf16, fp32 -> E4M3 and
             bf16 -> E4M3, with ``x.numel() % 4 == 0``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"``; checked like every op's
-            (only choosable on ``cpu`` and ``torch``) but no bit of a cast depends on it.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
+        flavor: Bit conventions (see ``vmi_core.targets``); no bit of a cast depends on it.
 
     Returns:
         A new contiguous tensor of ``dtype`` with the shape of ``x``.
@@ -128,10 +125,7 @@ def cast(x: torch.Tensor, dtype: torch.dtype, stochastic_rounding: bool = False,
             bool.
         ValueError: ``x`` is not contiguous; ``stochastic_rounding`` for an unsupported
             dtype pair or with ``x.numel() % 4 != 0``.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return CAST(x, dtype, stochastic_rounding, target=target, flavor=flavor)
 

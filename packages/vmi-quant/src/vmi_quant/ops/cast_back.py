@@ -143,13 +143,9 @@ def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tupl
         fmt: Output format, ``"bf16"`` or ``"fp32"``.
         x_block_size: ``(bm, bk)``, the block of one SF value (positive ints).
         x_special_fmt: Must be None (no special input format is supported).
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of the data's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of the
+            op's leading tensor.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         A new contiguous ``(M, K)`` tensor, bfloat16 (rounded to nearest even) or float32.
@@ -164,10 +160,7 @@ def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_size: tupl
             multiple of 64; the SF has the wrong shape, is neither row- nor column-major, or
             is column-major with ``bk == 1``, or on another device than the data.
         ValueError: ``x_block_size`` is not a tuple of two positive ints.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of the data, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return CAST_BACK(*split_pair(x), fmt, x_block_size, x_special_fmt, target=target, flavor=flavor)
 

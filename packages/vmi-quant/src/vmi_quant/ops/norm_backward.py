@@ -197,13 +197,9 @@ def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor 
         weight_grad: Optional bf16/fp32 ``(H,)`` contiguous buffer (needs ``weight``); the weight
             gradient is added to it in place and it is returned. It must not share memory with
             an input.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         x_grad: A new contiguous ``(T, H)`` tensor of x's dtype.
@@ -220,10 +216,7 @@ def norm_backward(out_grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor 
             hidden size outside the supported ones, or is too large for 32-bit kernel offsets;
             another tensor has the wrong shape, strides or device; ``out_scale`` is not finite;
             ``weight_grad`` is given without ``weight`` or shares memory with an input.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and ``weight_grad`` requires grad.
     """
     if weight is not None and weight_grad is None and isinstance(x, torch.Tensor):

@@ -410,8 +410,8 @@ def norm_forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, resid
         out_scale: Finite factor the weight is multiplied by (rounded to fp32; a compile-time constant).
         out: Optional output buffer of x's shape and dtype, unit stride along ``H``.
         residual_out: Optional buffer for ``x + residual`` (as ``out``); ignored without ``residual``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
         flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
             choosable on ``cpu`` and ``torch``; ``ascend``, ``ascend-sim`` and ``cuda`` use their own.
 
@@ -429,9 +429,7 @@ def norm_forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, resid
             non-unit stride along ``H``, the wrong shape or device, or is too large for 32-bit
             kernel offsets; ``eps`` is below ``2^-126``; ``out_scale`` is not finite; outputs
             overlap each other or the inputs.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
 
     Differences from TileKernels: the square sum has one fixed order on every target (TileKernels'
     orders differ by target and are implementation defined); ``H`` needs no alignment.

@@ -228,13 +228,9 @@ def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_t
         out: Optional preallocated ``(data, sf)``, either entry None to allocate it; shapes,
             dtypes and SF layout as returned (rows may be padded). Must not share memory with
             ``x`` or with each other.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         data: ``torch.float8_e4m3fn`` ``(M, K)`` for ``"e4m3"``, or ``torch.int8`` ``(M, K/2)``
@@ -254,10 +250,7 @@ def per_block_cast(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_t
             a non-unit stride along ``K`` or overlapping rows, is too large for 32-bit kernel
             offsets, or ``M`` or ``K`` is not a multiple of 128; an ``out`` entry has the
             wrong shape or device, or outputs overlap each other or ``x``.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return PER_BLOCK_CAST(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out=out,
                           target=target, flavor=flavor)

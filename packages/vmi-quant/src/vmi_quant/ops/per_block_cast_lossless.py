@@ -190,13 +190,9 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
         round_sf: Required by ``use_packed_ue8m0``; the output scales are powers of two either
             way.
         use_packed_ue8m0: Return the SF as packed UE8M0 exponent bytes in the flavor's words.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of the data's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of the
+            op's leading tensor.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         data: New ``torch.float8_e4m3fn`` ``(M, K)``.
@@ -220,10 +216,7 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
             power of two.
         ValueError: After the kernel ran: ``x`` is not losslessly representable (the SF
             exponents inside one output block span more than 11 binades).
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of the data, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return PER_BLOCK_CAST_LOSSLESS(*split_pair(x), fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
                                    round_sf, use_packed_ue8m0, target=target, flavor=flavor)

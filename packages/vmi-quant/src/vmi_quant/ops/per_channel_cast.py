@@ -187,13 +187,9 @@ def per_channel_cast(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], fmt: s
             None for a plain ``x``.
         use_packed_ue8m0: Return the SF as UE8M0 exponent bytes packed along the tokens in the
             flavor's words (needs ``round_sf``).
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         data: ``torch.float8_e4m3fn`` ``(T, H)``, contiguous.
@@ -214,10 +210,7 @@ def per_channel_cast(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], fmt: s
             non-unit stride along ``H`` or overlapping rows, is too large for 32-bit kernel
             offsets, or ``T`` or ``H`` is not a multiple of 128; ``x``'s SF has the wrong shape,
             layout or device.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return PER_CHANNEL_CAST(*split_quantized(x), fmt, num_per_tokens, round_sf, num_per_channels, use_packed_ue8m0,
                             target=target, flavor=flavor)

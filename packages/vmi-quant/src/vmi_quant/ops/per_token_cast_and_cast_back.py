@@ -123,13 +123,9 @@ def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: in
         num_per_channels: Channels per group: 16, 32, 64 or 128.
         round_sf: Round each scale up to a power of two.
         use_e4m3_sf: Round each scale to E4M3 (exclusive with ``round_sf``).
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
-        flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
-            choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``);
-            ``ascend``, ``ascend-sim`` and ``cuda`` always use their own.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
+        flavor: Bit conventions (see ``vmi_core.targets``).
 
     Returns:
         None; ``x`` holds the round-tripped values.
@@ -142,10 +138,7 @@ def per_token_cast_and_cast_back(x: torch.Tensor, fmt: str, num_per_channels: in
             stride along ``K``, overlapping rows or elements sharing memory, or is too large
             for 32-bit kernel offsets; ``K`` is not a multiple of 64 and of
             ``num_per_channels``.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``,
-            ``ascend-sim`` or ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         RuntimeError: Grad mode is on and ``x`` requires grad.
     """
     PER_TOKEN_CAST_AND_CAST_BACK(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target=target, flavor=flavor)

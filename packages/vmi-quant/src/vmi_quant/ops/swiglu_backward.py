@@ -372,8 +372,8 @@ def swiglu_backward(x: torch.Tensor, act_x_grad: torch.Tensor, fmt: str,
         clamp_value: Optional ``c >= 0`` (finite): the gate is clamped from above, the up input
             to ``[-c, c]``, and a clamped input gets a zero gradient.
         do_recompute: Also return ``act_out``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
         flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``). Only
             choosable on ``cpu`` and ``torch`` (default ``$VMI_FLAVOR``, else ``"ascend"``).
 

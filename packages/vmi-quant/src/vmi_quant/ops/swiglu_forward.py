@@ -288,10 +288,8 @@ def swiglu_forward(x: torch.Tensor, fmt: str, psum_num_tokens_per_expert: torch.
             valid rows, on the unclamped inputs, it is incremented (never reset) by the number of
             gate values above ``c``, of up values above ``c``, of up values below ``-c``, and of
             valid output elements (``H`` per valid row).
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
         flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``): the
             ``ascend`` division flushes subnormal operands and quotients of ``gate / (1 + exp(-gate))``
             to signed zero as the Ascend vector unit does, ``cuda``'s is IEEE. Only choosable on
@@ -313,10 +311,7 @@ def swiglu_forward(x: torch.Tensor, fmt: str, psum_num_tokens_per_expert: torch.
             ``routed_scaling_factor`` without ``topk_weights``; ``clamp_value`` negative or not
             finite; ``clamped_count`` not ``(4,)``, without ``clamp_value`` or sharing memory with
             an input; a tensor on another device than x.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
-            ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     return SWIGLU_FORWARD(x, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value,
                           clamped_count, target=target, flavor=flavor)
@@ -372,10 +367,8 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str, num_per_channel
             valid rows, on the unclamped inputs, it is incremented (never reset) by the number of
             gate values above ``c``, of up values above ``c``, of up values below ``-c``, and of
             valid output elements (``H`` per valid row).
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device
-            (npu: ``ascend``, cuda: ``cuda``, cpu: ``cpu``). A kernel target must match the device
-            (``ascend-sim`` runs on cpu tensors).
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
         flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (see ``vmi_core.targets``): the
             ``ascend`` division flushes subnormal operands and quotients of ``gate / (1 + exp(-gate))``
             to signed zero as the Ascend vector unit does, ``cuda``'s is IEEE. Only choosable on
@@ -403,10 +396,7 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str, num_per_channel
             ``routed_scaling_factor`` without ``topk_weights``; ``clamp_value`` negative or not
             finite; ``clamped_count`` not ``(4,)``, without ``clamp_value`` or sharing memory with
             an input; a tensor on another device than x.
-        TypeError: ``target`` or ``flavor`` is neither a str nor None.
-        ValueError: ``target`` or ``flavor`` is unknown, a kernel target does not match the
-            device of x, or ``flavor`` is not the own flavor of ``ascend``, ``ascend-sim`` or
-            ``cuda``.
+        ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
     """
     if isinstance(fmt, str) and fmt in ("fp32", "bf16"):
         if num_per_channels is not None:

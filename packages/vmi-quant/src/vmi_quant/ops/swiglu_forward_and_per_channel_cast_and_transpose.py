@@ -141,8 +141,8 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         round_sf: Round each scale up to a power of two.
         without_transpose: Return the data as ``(T, H)`` instead of ``(H, T)``.
         swiglu_clamp_value: Optional ``c >= 0`` (finite) clamping gate and up as in ``swiglu_forward``.
-        target: Where the op runs: ``"ascend"``, ``"cuda"``, ``"cpu"``, ``"ascend-sim"`` or the
-            reference ``"torch"``. Default: ``$VMI_TARGET``, else the target of x's device.
+        target: Where the op runs (see ``vmi_core.targets``); default ``$VMI_TARGET``, else the device of
+            ``x``.
         flavor: Bit conventions, ``"ascend"`` or ``"cuda"`` (the division of ``swiglu_forward``).
             Only choosable on ``cpu`` and ``torch``.
 
