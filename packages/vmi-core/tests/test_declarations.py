@@ -60,6 +60,22 @@ def test_kernel_declaration():
     assert by_spec.config_of(1) == {"simt_8bit": False} and by_spec.config_of(2) == {"simt_8bit": True}
 
 
+def test_kernel_launch_rows(monkeypatch):
+    compiled = []
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", lambda build, spec, target, **config: compiled.append(spec)
+                        or (lambda start, stop: ran.append((start, stop))))
+    ran = []
+    double = kernel(lambda spec, target: None)
+    double.launch_rows(3, "cuda", 0, lambda k, start, stop: k(start, stop))
+    assert compiled == [] and ran == []
+    double.launch_rows(3, "cuda", 100, lambda k, start, stop: k(start, stop))
+    assert compiled == [3] and ran == [(0, 100)]
+    ran.clear()
+    double.launch_rows(3, "cpu", 100, lambda k, start, stop: k(start, stop), align=8, min_rows=1)
+    assert sorted(ran)[0][0] == 0 and sorted(ran)[-1][1] == 100
+    assert all(start % 8 == 0 for start, _ in ran)
+
+
 def test_support_covers_every_target():
     table = support("SIMD and SIMT vector regions", cpu="bit-exact, every option")
     assert set(table) == set(TARGETS)

@@ -8,6 +8,8 @@ hashable value, usually a frozen dataclass) for one target. Declared with ``@ker
   (``vmi_core.compile.cached_kernel``; ``ascend-sim`` runs what ``ascend`` emits);
 * ``source(spec, target)``: the generated source, no hardware needed (the Ascend lowering cached);
 * ``ascend_lowering(spec)``: the Ascend source with its launch shape and UB use;
+* ``launch_rows(spec, target, num_rows, run)``: the compiled kernel run over row ranges (threads
+  on ``cpu``), nothing at all for zero rows;
 * ``build_x(spec, target)``: the prim_func itself.
 
 The lowering configuration (``vmi_core.compile.pass_configs``) is declared with the kernel, so a
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .compile import AscendLowering, cached_kernel, kernel_source, lower_ascend
+from .cpu_parallel import launch_rows
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,15 @@ class Kernel:
 
     def source(self, spec, target: str) -> str:
         return kernel_source(self.build, spec, target, **self.config_of(spec))
+
+    def launch_rows(self, spec, target: str, num_rows: int, run: Callable, **split) -> None:
+        """``run(kernel, start, stop)`` over ``num_rows`` rows with the compiled kernel: split across
+        threads on ``cpu`` (``split``: ``align``, ``min_rows`` of ``vmi_core.cpu_parallel.run_rows``),
+        one call elsewhere; with no rows nothing is compiled or run."""
+        if num_rows == 0:
+            return
+        compiled = self.compiled(spec, target)
+        launch_rows(target, lambda start, stop: run(compiled, start, stop), num_rows, **split)
 
     def ascend_lowering(self, spec) -> AscendLowering:
         return lower_ascend(self.build(spec, "ascend"), "ascend", **self.config_of(spec))
