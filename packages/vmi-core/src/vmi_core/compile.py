@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
@@ -276,11 +277,30 @@ def lower_ascend(func, target: str, **config) -> AscendLowering:
     return _lower_ascend(func, target, **config)[0]
 
 
+@contextlib.contextmanager
+def _building(key: str):
+    """Held while one process builds the cache entry ``key``: another process that needs the same
+    entry (a pytest-xdist worker, a ``vmi precompile`` job) waits, then reads it from the cache
+    instead of building it a second time."""
+    name = hashlib.sha256(key.encode()).hexdigest()[:32]
+    with open(private_dir(private_cache_dir() / "locks") / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _lower_ascend(func, target: str, **config) -> tuple[AscendLowering, Path]:
     """``lower_ascend`` and the cache file holding the lowering."""
     configs = sorted(pass_configs(target, **config).items())
     key = hashlib.sha256(f"{func.script()}|{configs}".encode()).hexdigest()
     path = private_dir(private_cache_dir() / "ascend-lowered") / f"{key}.json"
+    with _building(f"ascend-lowered/{key}"):
+        return _cached_lowering(func, target, path, config)
+
+
+def _cached_lowering(func, target: str, path: Path, config: dict) -> tuple[AscendLowering, Path]:
     try:
         return AscendLowering(**json.loads(path.read_text())), path
     except (OSError, ValueError, TypeError):
@@ -449,9 +469,10 @@ def kernel_source(build: Callable, spec, target: str, **config) -> str:
 
 
 def _compile_and_note(build: Callable, spec, target: str, config: dict):
-    started = time.time()
-    kernel, paths = _compile(build(spec, lowering_target(target)), target, **config)
-    _note(build, spec, target, config, paths, started)
+    with _building(f"{build.__module__}.{build.__qualname__}|{spec!r}|{target}|{sorted(config.items())}"):
+        started = time.time()
+        kernel, paths = _compile(build(spec, lowering_target(target)), target, **config)
+        _note(build, spec, target, config, paths, started)
     return kernel
 
 
