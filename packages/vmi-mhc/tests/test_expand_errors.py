@@ -3,11 +3,10 @@ and the output is left as it was."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc import expand_to_mhc_bwd, expand_to_mhc_fwd, expand_to_mhc_fwd_parallel
 
 X = torch.ones(8, 64, dtype=torch.bfloat16)
@@ -16,14 +15,7 @@ OG = torch.ones(8, 4, 64, dtype=torch.bfloat16)
 XG = torch.full((8, 64), 3.0, dtype=torch.bfloat16)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    module = importlib.import_module("vmi_mhc.kernels.expand")
-    monkeypatch.setattr(module, "launch_fwd", fail)
-    monkeypatch.setattr(module, "launch_bwd", fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.expand")
 
 
 def _o(*shape, dtype=torch.bfloat16):

@@ -3,11 +3,10 @@ kernel runs, and given outputs are left as they were."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
 
 T = 8
@@ -17,14 +16,7 @@ BASE = torch.ones(4)
 D_OUT = torch.ones(T, 4)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    module = importlib.import_module("vmi_mhc.kernels.head_compute_mix")
-    monkeypatch.setattr(module, "launch_fwd", fail)
-    monkeypatch.setattr(module, "launch_bwd", fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.head_compute_mix")
 
 
 def fwd(x=X, scale=SCALE, base=BASE, out=None, pre_eps=1e-2, *args, **kwargs):

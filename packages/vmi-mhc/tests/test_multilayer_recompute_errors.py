@@ -3,11 +3,10 @@ list element by its index) before any kernel runs, and no output is touched."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc.ops.multilayer_recompute import mhc_multilayer_recompute, mhc_multilayer_recompute_parallel
 
 T, N, H, L = 6, 4, 128, 3
@@ -26,13 +25,7 @@ def _args(layers=L, post_layers=L - 1, n=N, hidden=H):
     }
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.kernels.multilayer_recompute"), "launch", fail)
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.kernels.pre_apply_mix"), "launch_fwd", fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.multilayer_recompute", "vmi_mhc.kernels.pre_apply_mix")
 
 
 def _item(name, layer, value):

@@ -3,11 +3,10 @@ any kernel runs, and no output or accumulation buffer is touched."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc.ops.norm_fn import (
     mhc_fn_normw_merge_bwd,
     mhc_fn_normw_merge_fwd,
@@ -25,14 +24,7 @@ OM = torch.ones(T, 1, N3)
 SQ = torch.ones(T, 1)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    module = importlib.import_module("vmi_mhc.kernels.norm_fn")
-    for name in ("launch_merge_fwd", "launch_merge_bwd", "launch_reduce_fwd", "launch_reduce_bwd"):
-        monkeypatch.setattr(module, name, fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.norm_fn")
 
 
 def _outputs():

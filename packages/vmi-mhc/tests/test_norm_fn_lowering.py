@@ -17,6 +17,7 @@ import pytest
 from vmi_core.ascend_sim import UB_BYTES
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_mhc.kernels.norm_fn import (
     MAX_MIX,
     MergeSpec,
@@ -83,8 +84,7 @@ def test_cpu_rms_scale_is_not_contracted():
 @pytest.mark.cuda_compile
 def test_cuda_reduce_kernels_compile():
     src = build_reduce_bwd.source(REDUCE_CUDA, "cuda")
-    assert "__global__ void" in src and "reduce_partials_and_rmsnorm_bwd_kernel" in src
-    nvcc_compile_or_skip(src)
+    assert_cuda_compiles(src, "reduce_partials_and_rmsnorm_bwd_kernel")
 
 
 @pytest.mark.slow

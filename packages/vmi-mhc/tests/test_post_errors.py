@@ -3,11 +3,10 @@ before any kernel runs, and a given ``out`` is left as it was."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc.ops.post import mhc_post_bwd, mhc_post_bwd_parallel, mhc_post_fwd, mhc_post_fwd_parallel
 
 B, S, N, H = 2, 3, 4, 128
@@ -18,14 +17,7 @@ C = torch.ones(B, S, N, N)
 G = torch.ones(B, S, N, H, dtype=torch.bfloat16)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    module = importlib.import_module("vmi_mhc.kernels.post")
-    monkeypatch.setattr(module, "launch_fwd", fail)
-    monkeypatch.setattr(module, "launch_bwd", fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.post")
 
 
 def _streams(n, hidden=H):

@@ -3,11 +3,10 @@ runs, and the output (or the accumulated x_grad) is left as it was."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_bwd_parallel, mhc_pre_apply_mix_fwd
 from vmi_mhc.kernels.pre_apply_mix import max_hidden
 
@@ -18,14 +17,7 @@ OG = torch.ones(8, 64, dtype=torch.bfloat16)
 XG = torch.full((8, 4, 64), 3.0, dtype=torch.bfloat16)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    module = importlib.import_module("vmi_mhc.kernels.pre_apply_mix")
-    monkeypatch.setattr(module, "launch_fwd", fail)
-    monkeypatch.setattr(module, "launch_bwd", fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.pre_apply_mix")
 
 
 def _full(*shape, dtype=torch.bfloat16):

@@ -3,11 +3,10 @@ kernel runs, and given outputs are left as they were."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc import mhc_pre_big_fuse_fwd, mhc_pre_big_fuse_fwd_parallel
 
 T, H, S = 8, 16, 2
@@ -18,12 +17,7 @@ BASE = torch.ones(24)
 RESIDUAL = torch.ones(T, 4, H, dtype=torch.bfloat16)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_mhc.kernels.pre_big_fuse"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.pre_big_fuse")
 
 
 def fwd(mul=MUL, sq=SQ, scale=SCALE, base=BASE, residual=RESIDUAL, post=None, comb=None, layer_input=None,

@@ -20,7 +20,7 @@ import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
 from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_mhc.kernels.pre_big_fuse import PreBigFuseSpec, build_pre_big_fuse
 
 ASCEND = PreBigFuseSpec(4 * 1280, 1e-6, "ascend")
@@ -46,5 +46,4 @@ def test_ascend_kernel():
 @pytest.mark.cuda_compile
 def test_cuda_kernel_compiles():
     src = build_pre_big_fuse.source(CUDA, "cuda")
-    assert "__global__ void" in src and "pre_big_fuse_fwd_kernel" in src
-    nvcc_compile_or_skip(src)
+    assert_cuda_compiles(src, "pre_big_fuse_fwd_kernel")

@@ -3,11 +3,10 @@ kernel runs, and given outputs are left as they were."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
 
 T = 8
@@ -18,14 +17,7 @@ MIX = torch.ones(T, 4)
 COMB = torch.ones(T, 16)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    module = importlib.import_module("vmi_mhc.kernels.pre_split_mixes")
-    monkeypatch.setattr(module, "launch_fwd", fail)
-    monkeypatch.setattr(module, "launch_bwd", fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.pre_split_mixes")
 
 
 def fwd(x=X, scale=SCALE, base=BASE, pre=None, post=None, comb=None, post_mult=2.0, pre_eps=1e-2, **kwargs):

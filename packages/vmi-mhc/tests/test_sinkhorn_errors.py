@@ -3,11 +3,10 @@ argument before any kernel runs, and the given output is left as it was."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_mhc import mhc_sinkhorn_bwd, mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd, mhc_sinkhorn_fwd_parallel
 
 X = torch.zeros(5, 4, 4)
@@ -15,14 +14,7 @@ G = torch.ones(5, 4, 4)
 OUT = torch.full((5, 4, 4), 7.0)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    parallel = importlib.import_module("vmi_mhc.kernels.sinkhorn")
-    monkeypatch.setattr(parallel, "launch_forward", fail)
-    monkeypatch.setattr(parallel, "launch_backward", fail)
+no_kernel = no_kernel_fixture("vmi_mhc.kernels.sinkhorn")
 
 
 def _strided():

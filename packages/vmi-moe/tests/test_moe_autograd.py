@@ -18,13 +18,13 @@ Inputs: 72 experts, top 6, bias, padded tokens at the tail of every sequence, fi
 routing with duplicated experts and force-random tokens.
 """
 
-import importlib
 from dataclasses import dataclass
 
 import pytest
 import torch
 
 from vmi_core.tools.testing import assert_bitwise_equal, generator
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_moe import moe_topk_gate_autograd, moe_topk_gate_backward, moe_topk_gate_forward
 from vmi_moe.autograd import sequence_score_sums
 
@@ -245,13 +245,7 @@ def test_end_to_end_against_float64_autograd(num_sequences) -> None:
     assert_positive_zero_rows(logits.grad, ~prob.in_statistic)
 
 
-@pytest.fixture
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    for module in ("vmi_moe.kernels.moe_topk_gate", "vmi_moe.kernels.moe_topk_gate_backward"):
-        monkeypatch.setattr(importlib.import_module(module), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_moe.kernels.moe_topk_gate", "vmi_moe.kernels.moe_topk_gate_backward", autouse=False)
 
 
 @pytest.mark.usefixtures("no_kernel")

@@ -6,12 +6,12 @@ sees (>= E, < -1, or int64 values whose low word alone would look valid) raise
 ``ValueError`` after the run. ``meta`` tensors stand in for a second device.
 """
 
-import importlib
 
 import pytest
 import torch
 
 from vmi_core.tools.testing import generator
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_moe import moe_topk_gate_backward, moe_topk_gate_backward_parallel
 
 _G = generator(0)
@@ -25,13 +25,7 @@ H = torch.randn(NSEQ, E, generator=_G)
 AUX = {"mask": MASK, "grad_scores_sum": H}
 
 
-@pytest.fixture
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    # The package exports a function of the kernel module's name; fetch the module itself.
-    monkeypatch.setattr(importlib.import_module("vmi_moe.kernels.moe_topk_gate_backward"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_moe.kernels.moe_topk_gate_backward", autouse=False)
 
 
 def call(scores=S, topk_idx=IDX, topk_weights=W, grad_topk_weights=G, scale=1.5, **kwargs):

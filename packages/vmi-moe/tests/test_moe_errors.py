@@ -7,12 +7,12 @@ logits of routed tokens, fixed experts out of range, replica counts outside the 
 ValueError after the cpu kernel ran; the same data in tokens that do not use it passes.
 """
 
-import importlib
 
 import pytest
 import torch
 
 from vmi_devkit.cases.moe_cases import GateCase, gate_inputs, physical_map, run_kernel
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_moe import (
     moe_topk_gate,
     moe_topk_gate_forward,
@@ -27,14 +27,7 @@ KERNEL_MODULES = ("vmi_moe.kernels.topk_gate", "vmi_moe.kernels.normalize_weight
                   "vmi_moe.kernels.moe_topk_gate")
 
 
-@pytest.fixture
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    # The package exports functions of the kernel modules' names; fetch the modules themselves.
-    for name in KERNEL_MODULES:
-        monkeypatch.setattr(importlib.import_module(name), "launch", fail)
+no_kernel = no_kernel_fixture(*KERNEL_MODULES, autouse=False)
 
 
 META = torch.device("meta")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_quant.kernels.batched_transpose_weight_sf import TransposeSpec, build_batched_transpose_weight_sf
 
 
@@ -29,5 +29,4 @@ def test_ascend_lowering(block_size):
 @pytest.mark.parametrize("block_size", [128, pytest.param(32, marks=pytest.mark.slow)])
 def test_cuda_lowering_compiles(block_size):
     src = build_batched_transpose_weight_sf.source(TransposeSpec(block_size, 4), "cuda")
-    assert "__global__ void" in src and "batched_transpose_weight_sf_kernel" in src
-    nvcc_compile_or_skip(src)
+    assert_cuda_compiles(src, "batched_transpose_weight_sf_kernel")

@@ -10,8 +10,6 @@ schedule, and all of them under ``slow``.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -35,8 +33,6 @@ from vmi_devkit.cases.cast_cases import (
 )
 from vmi_quant import per_token_cast, reference
 from vmi_quant.ops.cast_back import cast_back, cast_back_parallel, per_token_cast_back, per_token_cast_back_parallel
-
-kernels = importlib.import_module("vmi_quant.kernels.cast_back")
 
 # (num_tokens, hidden): empty, one token, tails of the 32-token and 128-channel tiles and of
 # the blocks, and enough tokens for the cpu launcher to split rows over threads.
@@ -155,7 +151,7 @@ def test_empty_without_launch(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was compiled for an empty input")
 
-    monkeypatch.setattr(kernels, "cached_kernel", fail)
+    monkeypatch.setattr("vmi_core.kernel.cached_kernel", fail)
     q = reference.cast(torch.zeros(0, 128), "e4m3", (1, 32), round_sf=True, use_packed_ue8m0=True)
     y = per_token_cast_back(q, "fp32", 32)
     assert y.shape == (0, 128) and y.dtype == torch.float32

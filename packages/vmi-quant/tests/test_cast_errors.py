@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant import reference
 from vmi_quant.ops.cast import cast, cast_parallel
 from vmi_quant.ops.cast_back import cast_back, cast_back_parallel, per_token_cast_back, per_token_cast_back_parallel
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    for module in ("vmi_quant.kernels.cast", "vmi_quant.kernels.cast_back"):
-        monkeypatch.setattr(importlib.import_module(module), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.cast", "vmi_quant.kernels.cast_back")
 
 
 X = torch.zeros(4, 128)

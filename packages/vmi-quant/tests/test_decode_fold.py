@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+import vmi_core.kernel as vmi_kernel
 from vmi_core.tools.registry import discover
 from vmi_quant.ops.cast_back import cast_back
 from vmi_quant.ops.per_token_cast import per_token_cast
@@ -22,16 +23,17 @@ HIDDEN = 512  # four 128-wide pieces per token
 
 
 def _folds(module_name: str, monkeypatch) -> list[int]:
-    """Rows of every kernel launch of ``module_name`` (recorded through ``launch_rows``)."""
-    module = sys.modules[module_name]
+    """Rows of every kernel launch of ``module_name`` (recorded through the ``launch_rows`` that
+    ``Kernel.launch_rows`` runs; each test calls the op of that one module)."""
+    assert module_name in sys.modules
     launched: list[int] = []
-    original = module.launch_rows
+    original = vmi_kernel.launch_rows
 
     def recording(target, run, num_rows, **kwargs):
         launched.append(num_rows)
         return original(target, run, num_rows, **kwargs)
 
-    monkeypatch.setattr(module, "launch_rows", recording)
+    monkeypatch.setattr(vmi_kernel, "launch_rows", recording)
     return launched
 
 

@@ -3,11 +3,10 @@ runs, and a given weight_grad is left as it was."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant.ops.norm_backward import norm_backward, norm_backward_parallel
 
 X = torch.ones(8, 256, dtype=torch.bfloat16)
@@ -17,12 +16,7 @@ RSTD = torch.ones(8)
 BUFFER = torch.full((256,), 3.0)
 
 
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.norm_backward"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.norm_backward")
 
 
 def _wide(rows, cols, dtype=torch.bfloat16):

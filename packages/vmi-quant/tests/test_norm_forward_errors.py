@@ -3,20 +3,13 @@ naming the argument, before any kernel runs and without touching a given output.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant.ops.norm_forward import norm_forward, norm_forward_and_per_token_cast
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.norm_forward"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.norm_forward")
 
 
 X = torch.ones(64, 256, dtype=torch.bfloat16)

@@ -17,7 +17,7 @@ import pytest
 
 from vmi_core.targets import get_flavor
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_quant.kernels.norm_forward import build_norm_forward
 from vmi_quant.ops.norm_forward import make_spec
 
@@ -78,8 +78,7 @@ def test_ascend_lowering_full(name):
 
 def _check_cuda(name):
     src = build_norm_forward.source(_spec(name, "cuda"), "cuda")
-    assert "__global__ void" in src and "norm_forward_kernel" in src
-    nvcc_compile_or_skip(src)
+    assert_cuda_compiles(src, "norm_forward_kernel")
 
 
 @pytest.mark.cuda_compile

@@ -3,11 +3,10 @@ kernel runs."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant import reference
 from vmi_quant.ops.per_block_cast import (
     per_block_cast,
@@ -16,13 +15,7 @@ from vmi_quant.ops.per_block_cast import (
     per_block_cast_with_sf_only,
 )
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_block_cast"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.per_block_cast")
 
 
 X = torch.zeros(128, 256, dtype=torch.bfloat16)

@@ -3,21 +3,14 @@ before any kernel runs."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant import reference
 from vmi_quant.ops.per_block_cast_lossless import per_block_cast_lossless
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_block_cast_lossless"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.per_block_cast_lossless")
 
 
 QX = reference.cast(torch.ones(128, 256), "e2m1", (1, 32), round_sf=True)

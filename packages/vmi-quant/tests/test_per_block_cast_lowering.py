@@ -13,7 +13,7 @@ import pytest
 from vmi_core.targets import get_flavor
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.pbc_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_quant.kernels.per_block_cast import build_per_block_cast
 from vmi_quant.ops.per_block_cast import make_spec
 from vmi_quant.sf_layout import SFLayout
@@ -57,8 +57,7 @@ def test_ascend_lowering_full(case):
 
 def _check_cuda(spec):
     src = build_per_block_cast.source(spec, "cuda")
-    assert "__global__ void" in src and "per_block_cast_kernel" in src
-    nvcc_compile_or_skip(src)
+    assert_cuda_compiles(src, "per_block_cast_kernel")
 
 
 CUDA_CASES = [(case_id(c), _spec(*c)) for c in CUDA_LOWERING] + [MODE_CASES[0]]

@@ -3,21 +3,14 @@ kernel runs (the op takes no preallocated outputs, so there is no overlap to ref
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant import reference
 from vmi_quant.ops.per_channel_cast import per_channel_cast, per_channel_cast_parallel
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_channel_cast"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.per_channel_cast")
 
 
 X = torch.zeros(128, 256, dtype=torch.bfloat16)

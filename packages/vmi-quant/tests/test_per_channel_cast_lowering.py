@@ -10,12 +10,9 @@ for an explicit arch.
 
 from __future__ import annotations
 
-import pytest
-
 from vmi_core.targets import get_flavor
-from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.pcc_cases import COVERING, CUDA_LOWERING, IN_SF, LOWERING, OUT_SF, case_id
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.lowering import assert_ascend_kernel, assert_cuda_compiles, case_table_tests
 from vmi_quant.kernels.per_channel_cast import build_per_channel_cast
 from vmi_quant.ops.per_channel_cast import make_spec
 from vmi_quant.sf_layout import SFLayout
@@ -36,41 +33,17 @@ def _spec(in_dtype, npc, in_sf, npt, out_sf, flavor):
 def _check_ascend(case):
     spec = _spec(*case)
     src = build_per_channel_cast.source(spec, "ascend")
-    assert "__global__ __vector__ void per_channel_cast_kernel" in src
     packed = spec.sf_layout.kind == "ue8m0"
-    # assert_vector_regions also fails on a barrier inside a thread-guarded branch.
-    assert_vector_regions(src, simd=1, simt=int(packed) + int(spec.in_sf_layout is not None))
     # In: the data tile. Out: the data tile, and the fp32 SF tile unless packed bytes are stored.
-    assert dma_counts(src) == (1, 1 if packed else 2)
-    assert "block_idx" in src
-
-
-@pytest.mark.parametrize("case", LOWERING, ids=case_id)
-def test_ascend_lowering(case):
-    _check_ascend(case)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in COVERING if c not in LOWERING], ids=case_id)
-def test_ascend_lowering_full(case):
-    _check_ascend(case)
+    assert_ascend_kernel(src, "per_channel_cast_kernel", simd=1,
+                         simt=int(packed) + int(spec.in_sf_layout is not None), dma=(1, 1 if packed else 2))
 
 
 def _check_cuda(case):
-    src = build_per_channel_cast.source(_spec(*case), "cuda")
-    assert "__global__ void" in src and "per_channel_cast_kernel" in src
-    nvcc_compile_or_skip(src)
+    assert_cuda_compiles(build_per_channel_cast.source(_spec(*case), "cuda"), "per_channel_cast_kernel")
 
 
-@pytest.mark.slow
-@pytest.mark.cuda_compile
-@pytest.mark.parametrize("case", CUDA_LOWERING, ids=case_id)
-def test_cuda_lowering_compiles(case):
-    _check_cuda(case)
-
-
-@pytest.mark.slow
-@pytest.mark.cuda_compile
-@pytest.mark.parametrize("case", [c for c in COVERING if c not in CUDA_LOWERING], ids=case_id)
-def test_cuda_lowering_compiles_all(case):
-    _check_cuda(case)
+(test_ascend_lowering, test_ascend_lowering_full,
+ test_cuda_lowering_compiles, test_cuda_lowering_compiles_all) = case_table_tests(
+    _check_ascend, _check_cuda, covering=COVERING, lowering=LOWERING, cuda_lowering=CUDA_LOWERING, ids=case_id,
+    cuda_slow=True)

@@ -3,23 +3,16 @@ argument, before any kernel runs and without touching x."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant.ops.per_token_cast_and_cast_back import (
     per_token_cast_and_cast_back,
     per_token_cast_and_cast_back_parallel,
 )
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_token_cast_and_cast_back"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.per_token_cast_and_cast_back")
 
 
 X = torch.ones(4, 128, dtype=torch.bfloat16)

@@ -7,54 +7,34 @@ DMA. CUDA: the source compiles with nvcc for an explicit arch.
 
 from __future__ import annotations
 
-import pytest
-
-from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.ptccb_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.lowering import assert_ascend_kernel, assert_cuda_compiles, case_table_tests
 from vmi_quant.kernels.per_token_cast_and_cast_back import build_per_token_cast_and_cast_back
 from vmi_quant.ops.per_token_cast_and_cast_back import make_spec
+from vmi_quant.options import SFOptions
 
 
 def _spec(in_dtype, fmt, npc, sf_mode):
-    return make_spec(in_dtype, fmt, npc, *SF_MODES[sf_mode])
+    round_sf, use_e4m3_sf = SF_MODES[sf_mode]
+    return make_spec(in_dtype, fmt, npc, SFOptions(round_sf=round_sf, use_e4m3_sf=use_e4m3_sf))
+
+
+def _case_id(case) -> str:
+    return "-".join(map(str, case))
 
 
 def _check_ascend(case):
     src = build_per_token_cast_and_cast_back.source(_spec(*case), "ascend")
-    assert "__global__ __vector__ void per_token_cast_and_cast_back_kernel" in src
-    assert_vector_regions(src, simd=1, simt=0)
     # One tile in, the same tile back out, in place.
-    assert dma_counts(src) == (1, 1)
-    assert "block_idx" in src
-
-
-@pytest.mark.parametrize("case", LOWERING, ids=lambda c: "-".join(map(str, c)))
-def test_ascend_lowering(case):
-    _check_ascend(case)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in COVERING if c not in LOWERING], ids=lambda c: "-".join(map(str, c)))
-def test_ascend_lowering_full(case):
-    _check_ascend(case)
+    assert_ascend_kernel(src, "per_token_cast_and_cast_back_kernel", simd=1, simt=0, dma=(1, 1))
 
 
 def _check_cuda(case):
     src = build_per_token_cast_and_cast_back.source(_spec(*case), "cuda")
-    assert "__global__ void" in src and "per_token_cast_and_cast_back_kernel" in src
-    nvcc_compile_or_skip(src)
+    assert_cuda_compiles(src, "per_token_cast_and_cast_back_kernel")
 
 
-@pytest.mark.slow
-@pytest.mark.cuda_compile
-@pytest.mark.parametrize("case", CUDA_LOWERING, ids=lambda c: "-".join(map(str, c)))
-def test_cuda_lowering_compiles(case):
-    _check_cuda(case)
-
-
-@pytest.mark.slow
-@pytest.mark.cuda_compile
-@pytest.mark.parametrize("case", [c for c in COVERING if c not in CUDA_LOWERING], ids=lambda c: "-".join(map(str, c)))
-def test_cuda_lowering_compiles_all(case):
-    _check_cuda(case)
+(test_ascend_lowering, test_ascend_lowering_full,
+ test_cuda_lowering_compiles, test_cuda_lowering_compiles_all) = case_table_tests(
+    _check_ascend, _check_cuda, covering=COVERING, lowering=LOWERING, cuda_lowering=CUDA_LOWERING, ids=_case_id,
+    cuda_slow=True)

@@ -16,14 +16,17 @@ from vmi_core.tools.source_checks import assert_vector_regions, cpu_vectorized_l
 from vmi_devkit.cases.ptc_cases import COVERING, FULL, SF_MODES
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_quant.kernels.per_token_cast import QuantInput, build_per_token_cast
-from vmi_quant.ops.per_token_cast import make_spec
+from vmi_quant.ops.per_token_cast import PerTokenCastOptions, make_spec
+from vmi_quant.options import SFOptions
 from vmi_quant.sf_layout import SFLayout
 
 
 def _spec(in_dtype, fmt, npc, sf_mode, col_major, flavor, mode="cast", stochastic=False, quant_input=None):
     round_sf, packed, e4m3_sf = SF_MODES[sf_mode]
     layout = SFLayout.of(get_flavor(flavor), packed=packed, e4m3=e4m3_sf, col_major=col_major)
-    return make_spec(in_dtype, fmt, npc, mode, layout, round_sf, e4m3_sf, stochastic, quant_input)
+    options = PerTokenCastOptions(fmt, npc, sf=SFOptions(col_major, round_sf, packed, e4m3_sf),
+                                  stochastic_cast=stochastic, mode=mode)
+    return make_spec(in_dtype, options, layout, quant_input)
 
 
 def _quant_input(flavor, in_sf_mode, x_block, col_major=False):

@@ -4,11 +4,10 @@ outputs, so there is no overlap to refuse)."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant import reference
 from vmi_quant.config import reset_runtime_config, set_token_alignment
 from vmi_quant.ops.swiglu_backward import (
@@ -18,13 +17,7 @@ from vmi_quant.ops.swiglu_backward import (
     swiglu_backward_parallel,
 )
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.swiglu_backward"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.swiglu_backward")
 
 
 X = torch.zeros(16, 256, dtype=torch.bfloat16)

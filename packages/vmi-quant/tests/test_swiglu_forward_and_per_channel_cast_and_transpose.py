@@ -9,7 +9,6 @@ run under ``slow``.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
 import pytest
@@ -19,6 +18,7 @@ from vmi_core.targets import get_flavor
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.errors import forbid_kernels
 from vmi_quant.kernels.swiglu_forward_and_per_channel_cast_and_transpose import build_swiglu_per_channel
 from vmi_quant.ops.swiglu_forward_and_per_channel_cast_and_transpose import (
     make_spec,
@@ -124,11 +124,7 @@ X = torch.zeros(128, 256, dtype=torch.bfloat16)
      ValueError, "swiglu_clamp_value must be finite"),
 ])
 def test_bad_input(monkeypatch, call, error, match):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module(
-        "vmi_quant.kernels.swiglu_forward_and_per_channel_cast_and_transpose"), "launch", fail)
+    forbid_kernels(monkeypatch, "vmi_quant.kernels.swiglu_forward_and_per_channel_cast_and_transpose", why="bad input")
     with pytest.raises(error, match=match):
         call()
 

@@ -3,11 +3,10 @@ naming the argument, before any kernel runs, and the clamp counters are left as 
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant.ops.swiglu_forward import (
     swiglu_forward,
     swiglu_forward_and_per_token_cast,
@@ -15,13 +14,7 @@ from vmi_quant.ops.swiglu_forward import (
     swiglu_forward_parallel,
 )
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.swiglu_forward"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.swiglu_forward")
 
 
 X = torch.zeros(16, 256, dtype=torch.bfloat16)

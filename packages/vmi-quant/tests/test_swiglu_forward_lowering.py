@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from vmi_core.targets import get_flavor
-from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.swiglu_forward_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.lowering import assert_ascend_kernel, assert_cuda_compiles, case_table_tests
 from vmi_quant.kernels.swiglu_forward import build_swiglu_forward
 from vmi_quant.ops.swiglu_forward import make_spec
 from vmi_quant.sf_layout import SFLayout
@@ -37,44 +34,22 @@ def _spec(in_dtype, fmt, npc, sf_mode, with_psum, weights, clamp, count, flavor)
 def _check_ascend(case):
     spec = _spec(*case)
     src = build_swiglu_forward.source(spec, "ascend")
-    assert "__global__ __vector__ void swiglu_forward_kernel" in src
     quantized = spec.fmt == "e4m3"
-    # assert_vector_regions also fails on a barrier inside a thread-guarded branch.
-    regions = assert_vector_regions(src, simd=1, simt=int(quantized) + int(spec.count_clamped))
-    assert regions
     # In: the gate and up slices. Out: the output slice (the SF goes out from SIMT).
-    assert dma_counts(src) == (2, 1)
+    regions = assert_ascend_kernel(src, "swiglu_forward_kernel", simd=1,
+                                   simt=int(quantized) + int(spec.count_clamped), dma=(2, 1), block_idx=False)
+    assert regions
     assert "simd_inst::vexp" in src and "simd_inst::vdiv" in src
     if spec.with_psum:
         # The expert search reads the psum layout from global memory in scalar code.
         assert re.search(r"PSUM\[", src)
 
 
-@pytest.mark.parametrize("case", LOWERING, ids=case_id)
-def test_ascend_lowering(case):
-    _check_ascend(case)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in COVERING if c not in LOWERING], ids=case_id)
-def test_ascend_lowering_full(case):
-    _check_ascend(case)
-
-
 def _check_cuda(case):
-    src = build_swiglu_forward.source(_spec(*case), "cuda")
-    assert "__global__ void" in src and "swiglu_forward_kernel" in src
-    nvcc_compile_or_skip(src)
+    assert_cuda_compiles(build_swiglu_forward.source(_spec(*case), "cuda"), "swiglu_forward_kernel")
 
 
-@pytest.mark.cuda_compile
-@pytest.mark.parametrize("case", CUDA_LOWERING, ids=case_id)
-def test_cuda_lowering_compiles(case):
-    _check_cuda(case)
-
-
-@pytest.mark.slow
-@pytest.mark.cuda_compile
-@pytest.mark.parametrize("case", [c for c in COVERING if c not in CUDA_LOWERING], ids=case_id)
-def test_cuda_lowering_compiles_all(case):
-    _check_cuda(case)
+(test_ascend_lowering, test_ascend_lowering_full,
+ test_cuda_lowering_compiles, test_cuda_lowering_compiles_all) = case_table_tests(
+    _check_ascend, _check_cuda, covering=COVERING, lowering=LOWERING, cuda_lowering=CUDA_LOWERING, ids=case_id,
+    cuda_slow=False)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -109,13 +108,13 @@ def build_expand_bwd(spec: ExpandSpec, target: str):
 
 def launch_fwd(call, target: str) -> None:
     """Run a validated forward call (``vmi_mhc.expand.ExpandFwdCall``) on ``target``."""
-    kernel = build_expand_fwd.compiled(call.spec, target)
     x, o = bit_view(call.x), bit_view(call.o)
-    launch_rows(target, lambda start, stop: kernel(x[start:stop], o[start:stop]), x.shape[0])
+    build_expand_fwd.launch_rows(call.spec, target, x.shape[0],
+                                 lambda kernel, start, stop: kernel(x[start:stop], o[start:stop]))
 
 
 def launch_bwd(call, target: str) -> None:
     """Run a validated backward call (``vmi_mhc.expand.ExpandBwdCall``) on ``target``."""
-    kernel = build_expand_bwd.compiled(call.spec, target)
     og, xg = bit_view(call.o_grad), bit_view(call.x_grad)
-    launch_rows(target, lambda start, stop: kernel(og[start:stop], xg[start:stop]), og.shape[0])
+    build_expand_bwd.launch_rows(call.spec, target, og.shape[0],
+                                 lambda kernel, start, stop: kernel(og[start:stop], xg[start:stop]))

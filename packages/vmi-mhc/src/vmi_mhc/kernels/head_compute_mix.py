@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl.shell import SIMD, SIMT, Shell
@@ -213,24 +212,22 @@ def build_head_compute_mix_bwd(spec: HeadComputeMixSpec, target: str):
 
 def launch_fwd(call, target: str) -> None:
     """Run a validated forward call (``vmi_mhc.head_compute_mix.HeadComputeMixFwdCall``) on ``target``."""
-    kernel = build_head_compute_mix_fwd.compiled(call.spec, target)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(call.input_mix[start:stop], call.mhc_scale, call.mhc_base, call.output_mix[start:stop],
                call.mhc_pre_eps)
 
-    launch_rows(target, run, call.input_mix.shape[0], align=TOKEN_BLOCK)
+    build_head_compute_mix_fwd.launch_rows(call.spec, target, call.input_mix.shape[0], run, align=TOKEN_BLOCK)
 
 
 def launch_bwd(call, target: str) -> None:
     """Run a validated backward call (``vmi_mhc.head_compute_mix.HeadComputeMixBwdCall``) on ``target``:
     on cpu, threads take disjoint ranges of partial rows (and so of tokens)."""
-    kernel = build_head_compute_mix_bwd.compiled(call.spec, target)
     num_rows = call.mhc_scale_grad_partial.shape[0]
     span = tiles_per_row(call.input_mix.shape[0], num_rows)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(call.output_mix_grad, call.input_mix, call.mhc_scale, call.mhc_base, call.input_mix_grad,
                call.mhc_scale_grad_partial[start:stop], call.mhc_base_grad_partial[start:stop], start, span)
 
-    launch_rows(target, run, num_rows, min_rows=1)
+    build_head_compute_mix_bwd.launch_rows(call.spec, target, num_rows, run, min_rows=1)

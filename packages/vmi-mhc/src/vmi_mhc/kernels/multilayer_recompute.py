@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -245,7 +244,6 @@ def launch(call, target: str) -> None:
     least one token and one post layer) on ``target``: the output lists are written."""
     spec = call.spec
     n, H, num_tokens = spec.mhc_mult, spec.hidden, call.num_tokens
-    kernel = build_multilayer_recompute.compiled(spec, target)
     rows = {
         "pre": [m.reshape(num_tokens, n) for m in call.pre_mix_list],
         "lo": [bit_view(x).view(num_tokens, H) for x in call.layer_output_list],
@@ -259,12 +257,12 @@ def launch(call, target: str) -> None:
     strides = [stacks[name][0].stride(0) for name in rows]
     r0 = bit_view(call.initial_residual).view(num_tokens * n, H)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         tokens, streams = slice(start, stop), slice(start * n, stop * n)
         kernel(r0[streams], pre[:, tokens], lo[:, tokens], post[:, tokens], comb[:, tokens], li[:, tokens],
                res[:, streams], *strides)
 
-    launch_rows(target, run, num_tokens)
+    build_multilayer_recompute.launch_rows(spec, target, num_tokens, run)
     for name in ("li", "res"):
         stacked, copied = stacks[name]
         if copied:

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, fma, keep
@@ -306,48 +305,46 @@ def build_reduce_bwd(spec: ReduceSpec, target: str):
 
 def launch_merge_fwd(call, target: str) -> None:
     """Run a validated merge forward call (``vmi_mhc.norm_fn.MergeFwdCall``) on ``target``."""
-    kernel = build_merge_fwd.compiled(call.spec, target)
     fn, normw, out_fn = call.fn, call.normw, call.out_fn
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(fn[:, start:stop], normw[start:stop], out_fn[:, start:stop], fn.stride(0))
 
-    launch_rows(target, run, fn.shape[1], align=MERGE_FWD_BLOCK, min_rows=16 * MERGE_FWD_BLOCK)
+    build_merge_fwd.launch_rows(call.spec, target, fn.shape[1], run, align=MERGE_FWD_BLOCK,
+                                min_rows=16 * MERGE_FWD_BLOCK)
 
 
 def launch_merge_bwd(call, target: str) -> None:
     """Run a validated merge backward call (``vmi_mhc.norm_fn.MergeBwdCall``) on ``target``."""
-    kernel = build_merge_bwd.compiled(call.spec, target)
     fn, normw, g, fn_grad, normw_grad = call.fn, call.normw, call.out_fn_grad, call.fn_grad, call.normw_grad
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(fn[:, start:stop], normw[start:stop], g[:, start:stop], fn_grad[:, start:stop],
                normw_grad[start:stop], fn.stride(0))
 
-    launch_rows(target, run, fn.shape[1], align=MERGE_BWD_BLOCK, min_rows=16 * MERGE_BWD_BLOCK)
+    build_merge_bwd.launch_rows(call.spec, target, fn.shape[1], run, align=MERGE_BWD_BLOCK,
+                                min_rows=16 * MERGE_BWD_BLOCK)
 
 
 def launch_reduce_fwd(call, target: str) -> None:
     """Run a validated reduce forward call (``vmi_mhc.norm_fn.ReduceFwdCall``) on ``target``."""
-    kernel = build_reduce_fwd.compiled(call.spec, target)
     partials, partial_sqrsums = call.out_mul_splitted[:, :, 0], call.sqrsum_splitted[:, :, 0]
     out_mul, sqrsum, out = call.out_mul[:, 0], call.sqrsum[:, 0], call.out
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(partials[:, start:stop], partial_sqrsums[:, start:stop], out_mul[start:stop], sqrsum[start:stop],
                out[start:stop], partials.stride(0), partial_sqrsums.stride(0))
 
-    launch_rows(target, run, out.shape[0], align=TOKEN_BLOCK)
+    build_reduce_fwd.launch_rows(call.spec, target, out.shape[0], run, align=TOKEN_BLOCK)
 
 
 def launch_reduce_bwd(call, target: str) -> None:
     """Run a validated reduce backward call (``vmi_mhc.norm_fn.ReduceBwdCall``) on ``target``."""
-    kernel = build_reduce_bwd.compiled(call.spec, target)
     out_grad, out_mul, sqrsum = call.out_grad, call.out_mul[:, 0], call.sqrsum[:, 0]
     d_out_mul, d_sqrsum = call.out_mul_grad[:, 0], call.sqrsum_grad[:, 0]
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(out_grad[start:stop], out_mul[start:stop], sqrsum[start:stop], d_out_mul[start:stop],
                d_sqrsum[start:stop])
 
-    launch_rows(target, run, out_grad.shape[0], align=TOKEN_BLOCK)
+    build_reduce_bwd.launch_rows(call.spec, target, out_grad.shape[0], run, align=TOKEN_BLOCK)

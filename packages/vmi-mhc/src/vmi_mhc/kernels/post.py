@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -341,14 +340,13 @@ def launch_fwd(call, target: str) -> None:
     n, num_tokens = spec.mhc_mult, call.num_tokens
     if num_tokens == 0:
         return
-    kernel = build_post_fwd.compiled(spec, target)
     x, res, post, comb = _input_rows(call)
     out = bit_view(call.out).view(num_tokens * n, spec.hidden)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(x[start:stop], res[start * n:stop * n], post[start:stop], comb[start:stop], out[start * n:stop * n])
 
-    launch_rows(target, run, num_tokens)
+    build_post_fwd.launch_rows(spec, target, num_tokens, run)
 
 
 def launch_bwd(call, target: str) -> None:
@@ -357,7 +355,6 @@ def launch_bwd(call, target: str) -> None:
     n, num_tokens = spec.mhc_mult, call.num_tokens
     if num_tokens == 0:
         return
-    kernel = build_post_bwd.compiled(spec, target)
     x, res, post, comb = _input_rows(call)
     d_o = bit_view(call.d_o).reshape(num_tokens * n, spec.hidden)
     d_x = bit_view(call.d_x).view(num_tokens, spec.hidden)
@@ -365,9 +362,9 @@ def launch_bwd(call, target: str) -> None:
     d_post = call.d_post_layer_mix.view(num_tokens, n)
     d_comb = call.d_comb_res_mix.view(num_tokens, n * n)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         rows = slice(start * n, stop * n)
         kernel(x[start:stop], res[rows], post[start:stop], comb[start:stop], d_o[rows], d_x[start:stop], d_res[rows],
                d_post[start:stop], d_comb[start:stop])
 
-    launch_rows(target, run, num_tokens)
+    build_post_bwd.launch_rows(spec, target, num_tokens, run)

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -171,18 +170,18 @@ def build_pre_apply_mix_bwd(spec: PreApplyMixBwdSpec, target: str):
 
 def launch_fwd(call, target: str) -> None:
     """Run a validated forward call (``vmi_mhc.pre_apply_mix.PreApplyMixFwdCall``) on ``target``."""
-    kernel = build_pre_apply_mix_fwd.compiled(call.spec, target)
     x, o = bit_view(call.x), bit_view(call.o)
-    launch_rows(target, lambda start, stop: kernel(x[start:stop], call.mix[start:stop], o[start:stop]), x.shape[0])
+    build_pre_apply_mix_fwd.launch_rows(
+        call.spec, target, x.shape[0],
+        lambda kernel, start, stop: kernel(x[start:stop], call.mix[start:stop], o[start:stop]))
 
 
 def launch_bwd(call, target: str) -> None:
     """Run a validated backward call (``vmi_mhc.pre_apply_mix.PreApplyMixBwdCall``) on ``target``:
     ``call.x_grad`` is updated in place and ``call.mix_grad`` written."""
-    kernel = build_pre_apply_mix_bwd.compiled(call.spec, target)
     og, x, xg = bit_view(call.o_grad), bit_view(call.x), bit_view(call.x_grad)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(og[start:stop], x[start:stop], call.mix[start:stop], xg[start:stop], call.mix_grad[start:stop])
 
-    launch_rows(target, run, x.shape[0])
+    build_pre_apply_mix_bwd.launch_rows(call.spec, target, x.shape[0], run)

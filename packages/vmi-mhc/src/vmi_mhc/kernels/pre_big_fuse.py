@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
@@ -186,15 +185,14 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
 
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_mhc.pre_big_fuse.PreBigFuseCall``) on ``target``."""
-    kernel = build_pre_big_fuse.compiled(call.spec, target)
     partials, partial_sqrsums = call.gemm_out_mul, call.gemm_out_sqrsum
     residual, layer_input = bit_view(call.residual), bit_view(call.layer_input)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         rows = slice(start, stop)
         kernel(partials[:, rows], partial_sqrsums[:, rows], call.mhc_scale, call.mhc_base, residual[rows],
                call.post_mix[rows], call.comb_mix[rows], layer_input[rows], call.mhc_pre_eps,
                call.mhc_post_mult_value, call.mhc_sinkhorn_eps, call.sinkhorn_repeat, partials.stride(0),
                partial_sqrsums.stride(0))
 
-    launch_rows(target, run, residual.shape[0], align=TOKEN_BLOCK)
+    build_pre_big_fuse.launch_rows(call.spec, target, residual.shape[0], run, align=TOKEN_BLOCK)

@@ -40,7 +40,6 @@ import tilelang.language as T
 import torch
 from tvm.tirx.script.builder.ir import sblock_attr
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -506,14 +505,13 @@ def launch_fwd(call, target: str) -> None:
     if num_tokens == 0:
         return
     hi, lo = tf32_operand(call.fn, N_PAD, spec.hidden, target)
-    kernel = build_gemm_fwd.compiled(spec, target)
     x, hi, lo = (_operand_views(t, target) for t in (call.x, hi, lo))
     xv = bit_view(call.x)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(x, xv, hi, lo, call.out_mul, call.sqrsum, start // BLOCK_T, -(-(stop - start) // BLOCK_T))
 
-    launch_rows(target, run, num_tokens, align=BLOCK_T)
+    build_gemm_fwd.launch_rows(spec, target, num_tokens, run, align=BLOCK_T)
 
 
 def launch_bwd(call, target: str) -> None:
@@ -529,12 +527,11 @@ def launch_bwd(call, target: str) -> None:
         hi, lo = tf32_operand(call.fn.t().contiguous(), spec.hidden, N_PAD, target)
     # Rows padded to whole token blocks: the matrix units read d by whole blocks.
     dhi, dlo = tf32_operand(call.out_mul_grad, -(-call.x.shape[0] // BLOCK_T) * BLOCK_T, N_PAD, target)
-    kernel = build_gemm_bwd.compiled(spec, target)
     views = [bit_view(t) for t in (dhi, dlo, call.x, call.x_grad)]
     dhi, dlo, x, hi, lo = (_operand_views(t, target) for t in (dhi, dlo, call.x, hi, lo))
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(dhi, dlo, views[0], views[1], call.sqrsum_grad, x, views[2], hi, lo, views[3], call.fn_grad, start,
                stop - start)
 
-    launch_rows(target, run, spec.hidden // BLOCK_K, min_rows=1)
+    build_gemm_bwd.launch_rows(spec, target, spec.hidden // BLOCK_K, run, min_rows=1)

@@ -294,14 +294,13 @@ def post_divisor(mhc_post_mult_value: float) -> float:
 
 def launch_fwd(call, target: str) -> None:
     """Run a validated forward call (``vmi_mhc.pre_split_mixes.PreSplitMixesFwdCall``) on ``target``."""
-    kernel = build_pre_split_mixes_fwd.compiled(call.spec, target)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(call.input_mixes[start:stop], call.mhc_scale, call.mhc_base, call.pre_layer_mix[start:stop],
                call.post_layer_mix[start:stop], call.comb_res_mix[start:stop], call.mhc_post_mult_value,
                call.mhc_pre_eps)
 
-    launch_rows(target, run, call.input_mixes.shape[0], align=TOKEN_BLOCK)
+    build_pre_split_mixes_fwd.launch_rows(call.spec, target, call.input_mixes.shape[0], run, align=TOKEN_BLOCK)
 
 
 def launch_bwd(call, target: str) -> None:

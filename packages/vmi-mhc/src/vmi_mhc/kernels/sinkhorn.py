@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LaneVar, keep
@@ -201,22 +200,20 @@ def build_sinkhorn_backward(spec: SinkhornSpec, target: str):
 
 def launch_forward(call, target: str) -> None:
     """Run a validated forward call (``vmi_mhc.sinkhorn.SinkhornForwardCall``) on ``target``."""
-    kernel = build_sinkhorn_forward.compiled(call.spec, target)
     x, y = call.comb_res_mix.view(-1, ENTRIES), call.comb_res_mix_out.view(-1, ENTRIES)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(x[start:stop], y[start:stop], call.repeat, call.eps)
 
-    launch_rows(target, run, x.shape[0], align=BLOCK_T)
+    build_sinkhorn_forward.launch_rows(call.spec, target, x.shape[0], run, align=BLOCK_T)
 
 
 def launch_backward(call, target: str) -> None:
     """Run a validated backward call (``vmi_mhc.sinkhorn.SinkhornBackwardCall``) on ``target``."""
-    kernel = build_sinkhorn_backward.compiled(call.spec, target)
     g, x = call.grad_output.view(-1, ENTRIES), call.x.view(-1, ENTRIES)
     gi = call.grad_input.view(-1, ENTRIES)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(g[start:stop], x[start:stop], gi[start:stop], call.repeat, call.eps)
 
-    launch_rows(target, run, x.shape[0], align=BLOCK_T)
+    build_sinkhorn_backward.launch_rows(call.spec, target, x.shape[0], run, align=BLOCK_T)

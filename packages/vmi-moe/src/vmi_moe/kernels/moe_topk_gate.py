@@ -35,7 +35,6 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl import formats as F
@@ -359,7 +358,6 @@ def _bytes(t: torch.Tensor | None, rows: slice | None = None) -> torch.Tensor | 
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_moe.moe_topk_gate.GateCall``) on ``target``."""
     spec = call.spec
-    kernel = build_moe_topk_gate.compiled(spec, target)
     device = call.logits.device
     zeros = {dtype: torch.zeros(1, dtype=dtype, device=device) for dtype in (torch.uint8, torch.float32, torch.int32)}
     no_unmapped = torch.zeros(1, 2 * spec.num_topk, dtype=torch.int32, device=device)
@@ -371,7 +369,7 @@ def launch(call, target: str) -> None:
     def rows_of(t, lo, hi, placeholder):
         return placeholder if t is None else t[lo:hi]
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         for lo, hi in row_chunks(start, stop, spec.num_experts):
             un = rows_of(unmapped, lo, hi, no_unmapped)
             kernel(call.logits[lo:hi], rows_of(_bytes(call.mask), lo, hi, zeros[torch.uint8]),
@@ -385,5 +383,4 @@ def launch(call, target: str) -> None:
                    idx[lo:hi], call.topk_weights[lo:hi], rows_of(call.scores, lo, hi, no_scores), call.status,
                    un.stride(0), lo, call.ep_rank, call.routed_scaling_factor)
 
-    num_tokens = call.logits.shape[0]
-    launch_rows(target, run, num_tokens, align=spec.block_m)
+    build_moe_topk_gate.launch_rows(spec, target, call.logits.shape[0], run, align=spec.block_m)

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import f32_const
@@ -192,7 +191,6 @@ def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_moe.moe_topk_gate_backward.GateBackwardCall``) on ``target``."""
     spec = call.spec
-    kernel = build_moe_topk_gate_backward.compiled(spec, target)
     device = call.scores.device
     idx = call.topk_idx.view(torch.int32)
     if spec.has_aux:
@@ -202,11 +200,10 @@ def launch(call, target: str) -> None:
         h = torch.zeros(1, spec.num_experts, dtype=torch.float32, device=device)
         tokens_per_seq = 1
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         for lo, hi in row_chunks(start, stop, spec.num_experts):
             kernel(call.scores[lo:hi], idx[lo:hi], call.topk_weights[lo:hi], call.grad_topk_weights[lo:hi],
                    mask[lo:hi] if spec.has_aux else mask, h, call.grad_logits[lo:hi], call.status,
                    call.routed_scaling_factor, lo, tokens_per_seq)
 
-    num_tokens = call.scores.shape[0]
-    launch_rows(target, run, num_tokens, align=spec.block_m)
+    build_moe_topk_gate_backward.launch_rows(spec, target, call.scores.shape[0], run, align=spec.block_m)

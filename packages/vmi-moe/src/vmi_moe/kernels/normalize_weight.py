@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import f32_const
@@ -81,11 +80,10 @@ def build_normalize_weight(spec: NormalizeWeightSpec, target: str):
 
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_moe.normalize_weight.NormalizeWeightCall``) on ``target``."""
-    kernel = build_normalize_weight.compiled(call.spec, target)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         for lo, hi in row_chunks(start, stop, call.spec.num_topk):
             kernel(call.weights[lo:hi], call.denominator[lo:hi], call.normalized[lo:hi])
 
-    num_rows = call.weights.shape[0]
-    launch_rows(target, run, num_rows, align=BLOCK_M, min_rows=4 * BLOCK_M)
+    build_normalize_weight.launch_rows(call.spec, target, call.weights.shape[0], run, align=BLOCK_M,
+                                       min_rows=4 * BLOCK_M)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
@@ -106,11 +105,10 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_moe.topk_gate.TopkGateCall``) on ``target``."""
     spec = call.spec
-    kernel = build_topk_gate.compiled(spec, target)
     idx = call.topk_idx.view(torch.int32)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         for lo, hi in row_chunks(start, stop, spec.num_experts):
             kernel(call.scores[lo:hi], idx[lo:hi], call.status)
 
-    launch_rows(target, run, call.scores.shape[0], align=spec.block_m)
+    build_topk_gate.launch_rows(spec, target, call.scores.shape[0], run, align=spec.block_m)

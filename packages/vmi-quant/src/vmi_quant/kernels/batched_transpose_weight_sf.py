@@ -34,7 +34,6 @@ import tilelang.language as T
 import torch
 from tvm import tirx
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
@@ -187,16 +186,16 @@ def launch(spec: TransposeSpec, sf: torch.Tensor, sf0: torch.Tensor, sf1: torch.
     (set to 1 when a scale is not a power of two)."""
     if sf.numel() == 0:
         return
-    kernel = build_batched_transpose_weight_sf.compiled(spec, target)
     bs, pf = spec.block_size, spec.pack
     word = torch.uint16 if pf == 2 else torch.int32
     sf0, sf1 = sf0.view(word), sf1.view(word)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         part = sf[:, start:stop]
         out0 = sf0[:, :, start * bs:stop * bs]
         out1 = sf1[:, start // pf:-(-stop // pf)]
         kernel(part, out0, out1, status, part.stride(0), part.stride(1), out0.stride(0), out0.stride(1),
                out1.stride(0))
 
-    launch_rows(target, run, sf.shape[1], align=tile_scales(bs), min_rows=tile_scales(bs))
+    build_batched_transpose_weight_sf.launch_rows(spec, target, sf.shape[1], run, align=tile_scales(bs),
+                                                  min_rows=tile_scales(bs))

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -185,13 +184,9 @@ def quad_base(start: int) -> int:
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_quant.cast.CastCall``) on ``target``."""
     spec = call.spec
-    n = call.x.numel()
-    if n == 0:
-        return
-    kernel = build_cast.compiled(spec, target)
     x, out = bit_view(call.x.view(-1)), bit_view(call.out.view(-1))
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         for lo in range(start, stop, CHUNK):
             hi = min(lo + CHUNK, stop)
             if spec.stochastic:
@@ -199,4 +194,4 @@ def launch(call, target: str) -> None:
             else:
                 kernel(x[lo:hi], out[lo:hi])
 
-    launch_rows(target, run, n, align=BLOCK, min_rows=16 * BLOCK)
+    build_cast.launch_rows(spec, target, call.x.numel(), run, align=BLOCK, min_rows=16 * BLOCK)

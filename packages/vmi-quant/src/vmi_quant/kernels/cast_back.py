@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
+from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.shell import SIMD, SIMT, Shell
@@ -175,9 +175,8 @@ def launch(call, target: str) -> None:
     """Run a validated call (``vmi_quant.cast_back.CastBackCall``) on ``target``."""
     spec = call.spec
     num_tokens, hidden = call.out.shape
-    if num_tokens == 0 or hidden == 0:
+    if hidden == 0:
         return
-    kernel = build_cast_back.compiled(spec, target)
     x = call.data.view(torch.uint8)
     out = call.out.view(torch.uint16) if spec.out_fmt == "bf16" else call.out
     layout = spec.sf_layout
@@ -196,10 +195,10 @@ def launch(call, target: str) -> None:
     # A row range starts at a block boundary (and at a word boundary of an SF packed along tokens).
     sf_rows_per_sf_row = spec.block_m * (layout.pack if layout.pack_along_m else 1)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         sf, sf_sm, sf_sk = layout.kernel_view(sf_grid[start // sf_rows_per_sf_row:])
         kernel(x[start:stop], sf, out[start:stop], x.stride(0), sf_sm, sf_sk)
 
     # Threads split by tokens, folded or not.
-    launch_rows(target, run, num_tokens, align=math.lcm(sf_rows_per_sf_row, BLOCK_M),
-                min_rows=MIN_ROWS_PER_THREAD * pieces)
+    build_cast_back.launch_rows(spec, target, num_tokens, run, align=math.lcm(sf_rows_per_sf_row, BLOCK_M),
+                                min_rows=MIN_ROWS_PER_THREAD * pieces)

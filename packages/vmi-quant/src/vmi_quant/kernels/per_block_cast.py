@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -167,19 +166,15 @@ def build_per_block_cast(spec: PerBlockCastSpec, target: str):
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_quant.per_block_cast.PerBlockCastCall``) on ``target``."""
     spec = call.spec
-    num_tokens = call.x.shape[0]
-    if num_tokens == 0:
-        return
-    kernel = build_per_block_cast.compiled(spec, target)
     x = bit_view(call.x)
     out = None if call.out is None else bit_view(call.out)
     bm = spec.block_m
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         sf, sf_sm, sf_sk = spec.sf_layout.kernel_view(call.sf[start // bm:stop // bm])
         if out is None:
             kernel(x[start:stop], sf, x.stride(0), sf_sm, sf_sk)
         else:
             kernel(x[start:stop], out[start:stop], sf, x.stride(0), out.stride(0), sf_sm, sf_sk)
 
-    launch_rows(target, run, num_tokens, align=ALIGN)
+    build_per_block_cast.launch_rows(spec, target, call.x.shape[0], run, align=ALIGN)

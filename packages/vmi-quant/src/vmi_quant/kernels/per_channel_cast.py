@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -196,14 +195,13 @@ def launch(call, target: str) -> None:
     num_tokens = inp.num_tokens
     if num_tokens == 0:
         return
-    kernel = build_per_channel_cast.compiled(spec, target)
     x, out = bit_view(inp.data), bit_view(call.out)
     npt, layout = spec.num_per_tokens, spec.sf_layout
     # Rows of one SF row (a packed word holds `pack` token blocks) stay in one range.
     sf_rows = npt * layout.pack
     dummy = torch.zeros(1, dtype=torch.float32, device=x.device)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         if spec.in_sf_layout is None:
             xsf, xsf_sm, xsf_sk = dummy, 0, 0
         else:
@@ -215,4 +213,4 @@ def launch(call, target: str) -> None:
         else:
             kernel(rows, xsf, out_rows, call.sf[start // npt:stop // npt], x.stride(0), xsf_sm, xsf_sk)
 
-    launch_rows(target, run, num_tokens, align=sf_rows)
+    build_per_channel_cast.launch_rows(spec, target, num_tokens, run, align=sf_rows)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
+from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -287,7 +287,6 @@ def launch(call, target: str) -> None:
     num_tokens = inp.num_tokens
     if num_tokens == 0:
         return
-    kernel = build_per_token_cast.compiled(spec, target)
     x = bit_view(inp.data)
     out = None if call.out is None else bit_view(call.out)
     sf_grid = call.sf
@@ -306,7 +305,7 @@ def launch(call, target: str) -> None:
         align = qin.block_m * (qin.sf_layout.pack if qin.sf_layout.pack_along_m else 1)
     dummy = torch.zeros(1, dtype=torch.float32, device=x.device)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         if qin is None:
             xsf, xsf_sm, xsf_sk = dummy, 0, 0
         else:
@@ -319,4 +318,5 @@ def launch(call, target: str) -> None:
             kernel(rows, xsf, out[start:stop], sf, x.stride(0), out.stride(0), xsf_sm, xsf_sk, sf_sm, sf_sk)
 
     # Threads split by tokens, folded or not.
-    launch_rows(target, run, num_tokens, align=math.lcm(align, BLOCK_M), min_rows=MIN_ROWS_PER_THREAD * pieces)
+    build_per_token_cast.launch_rows(spec, target, num_tokens, run, align=math.lcm(align, BLOCK_M),
+                                     min_rows=MIN_ROWS_PER_THREAD * pieces)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows, launch_rows
+from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -109,11 +109,7 @@ def build_per_token_cast_and_cast_back(spec: CastAndCastBackSpec, target: str):
 
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_quant.per_token_cast_and_cast_back.CastAndCastBackCall``) on ``target``."""
-    x = call.x
-    if x.shape[0] == 0:
-        return
-    kernel = build_per_token_cast_and_cast_back.compiled(call.spec, target)
-    bits = bit_view(x)
+    bits = bit_view(call.x)
     num_tokens, hidden = bits.shape
     # Groups never straddle tokens: a call of fewer tokens than a tile's height runs on its tokens
     # cut into tile-wide rows (no padding rows computed) when x is contiguous.
@@ -124,8 +120,9 @@ def launch(call, target: str) -> None:
     else:
         bits = folded[0]
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         kernel(bits[start:stop], bits.stride(0))
 
     # Threads split by tokens, folded or not.
-    launch_rows(target, run, bits.shape[0], align=BLOCK_M, min_rows=MIN_ROWS_PER_THREAD * pieces)
+    build_per_token_cast_and_cast_back.launch_rows(call.spec, target, bits.shape[0], run, align=BLOCK_M,
+                                                   min_rows=MIN_ROWS_PER_THREAD * pieces)

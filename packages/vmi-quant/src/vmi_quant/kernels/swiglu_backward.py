@@ -30,7 +30,6 @@ import tilelang.language as T
 import torch
 from tvm import tirx
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -341,7 +340,6 @@ def launch(call, target: str) -> None:
     num_tokens = call.x.shape[0]
     if num_tokens == 0:
         return
-    kernel = build_swiglu_backward.compiled(spec, target)
     x, g = bit_view(call.x), bit_view(call.act_x_grad)
     x_grad, act_out = bit_view(call.x_grad), bit_view(call.act_out)
     device = x.device
@@ -355,7 +353,7 @@ def launch(call, target: str) -> None:
     act = act_out if spec.recompute else torch.zeros((1, spec.hidden), dtype=act_out.dtype, device=device)
     xsf_dummy = torch.zeros((1, 2), dtype=torch.float32, device=device)
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         xsf = call.x_sf[start:stop] if quantized else xsf_dummy
         topk = call.topk_weights[start:stop] if spec.weights else f32_dummy
         weight_grad = call.weight_grad[start:stop] if spec.weights else f32_dummy
@@ -367,4 +365,4 @@ def launch(call, target: str) -> None:
                act[start:stop] if spec.recompute else act, q[start:stop] if quantized else q, weight_grad, sf,
                x.stride(0), g.stride(0), start, call.alignment, rsf, clamp, sf_sm, sf_sk)
 
-    launch_rows(target, run, num_tokens, align=block_rows(spec.hidden))
+    build_swiglu_backward.launch_rows(spec, target, num_tokens, run, align=block_rows(spec.hidden))

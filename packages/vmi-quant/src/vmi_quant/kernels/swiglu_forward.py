@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.targets import lowering_target
@@ -256,7 +255,6 @@ def launch(call, target: str) -> None:
     num_rows = call.x.shape[0]
     if num_rows == 0:
         return
-    kernel = build_swiglu_forward.compiled(spec, target)
     x = bit_view(call.x)
     out = bit_view(call.out)
     device = x.device
@@ -269,7 +267,7 @@ def launch(call, target: str) -> None:
     workers = Shell(lowering_target(target)).workers
     partial_counts = []
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         if spec.fmt == "e4m3":
             sf, sf_sm, sf_sk = spec.sf_layout.kernel_view(call.sf[start:stop])
         else:
@@ -280,6 +278,6 @@ def launch(call, target: str) -> None:
         partial_counts.append(counts)
 
     # Threads split by rows (the kernel finds each row's expert from its index in the call).
-    launch_rows(target, run, num_rows)
+    build_swiglu_forward.launch_rows(spec, target, num_rows, run)
     if spec.count_clamped:
         call.clamped_count += torch.stack(partial_counts).sum(dim=(0, 1))

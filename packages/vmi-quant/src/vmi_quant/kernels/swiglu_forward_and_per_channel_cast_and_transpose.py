@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -162,17 +161,13 @@ def build_swiglu_per_channel(spec: SwigluPerChannelSpec, target: str):
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_quant.swiglu_forward_and_per_channel_cast_and_transpose.Call``)."""
     spec = call.spec
-    num_tokens = call.x.shape[0]
-    if num_tokens == 0:
-        return
-    kernel = build_swiglu_per_channel.compiled(spec, target)
     x, out = bit_view(call.x), bit_view(call.out)
     npt = spec.num_per_tokens
     clamp = 0.0 if call.clamp_value is None else call.clamp_value
 
-    def run(start: int, stop: int) -> None:
+    def run(kernel, start: int, stop: int) -> None:
         # The transposed output's rows are channels: a token range is a column range of it.
         out_part = out[:, start:stop] if spec.transpose else out[start:stop]
         kernel(x[start:stop], out_part, call.sf[start // npt:stop // npt], x.stride(0), out.stride(0), clamp)
 
-    launch_rows(target, run, num_tokens, align=TOKEN_ALIGN)
+    build_swiglu_per_channel.launch_rows(spec, target, call.x.shape[0], run, align=TOKEN_ALIGN)

@@ -25,12 +25,12 @@ from ..inputs import (
     check_matrix,
     check_out_data,
     check_same_device,
-    check_sf_options,
     physical_cols,
     sf_layout_of,
 )
 from ..kernels import per_block_cast as parallel
 from ..kernels.common import ScaleRule
+from ..options import SFOptions
 from . import demo
 from .per_token_cast import SF_FLAGS
 
@@ -38,10 +38,38 @@ _NAMES = {"cast": "per_block_cast", "sf_only": "per_block_cast_with_sf_only",
           "cast_only": "per_block_cast_with_precomputed_sf"}
 
 
+@dataclass(frozen=True)
+class PerBlockCastOptions:
+    """The validated options of one ``per_block_cast`` call (everything but the tensors and the target).
+
+    ``mode``: ``"cast"``, ``"sf_only"`` or ``"cast_only"`` (data from a given SF). The SF is
+    never E4M3 here (``sf.use_e4m3_sf`` is False).
+    """
+
+    fmt: str
+    block_size: tuple[int, int]
+    sf: SFOptions = SFOptions()
+    mode: str = "cast"
+
+    def __post_init__(self) -> None:
+        check_fmt(self.fmt)
+        if self.mode not in _NAMES:
+            raise ValueError(f"mode must be one of {tuple(_NAMES)}, got {self.mode!r}")
+        check_block_size(self.block_size)
+        if not isinstance(self.sf, SFOptions):
+            raise TypeError(f"sf must be an SFOptions, got {type(self.sf).__name__}")
+        if self.sf.use_e4m3_sf:
+            raise ValueError("per_block_cast has no E4M3 SF (use_e4m3_sf must be False)")
+        if self.mode == "cast_only" and (self.sf.use_packed_ue8m0 or self.sf.use_tma_aligned_col_major_sf):
+            raise ValueError("a precomputed sf must be row-major and unpacked: pass "
+                             "use_packed_ue8m0=False and use_tma_aligned_col_major_sf=False")
+
+
 @dataclass
 class PerBlockCastCall:
-    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+    """A validated call: its options, the kernel specialisation and the tensors it reads and writes."""
 
+    options: PerBlockCastOptions
     spec: parallel.PerBlockCastSpec
     x: torch.Tensor
     flavor: Flavor
@@ -66,9 +94,8 @@ def make_spec(in_fmt: str, fmt: str, block_size: tuple[int, int], mode: str, sf_
     return parallel.PerBlockCastSpec(in_fmt, fmt, *block_size, mode, rule, sf_layout)
 
 
-def _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out, sf,
-             target, flavor):
-    check_fmt(fmt)
+def _prepare(options: PerBlockCastOptions, x, out, sf, target, flavor) -> tuple[str, PerBlockCastCall]:
+    mode, fmt = options.mode, options.fmt
     given_out, given_sf = out, sf
     if isinstance(x, tuple):
         raise TypeError(f"{_NAMES[mode]} needs a plain bf16/fp32 x, not a quantized (data, sf) tuple")
@@ -78,23 +105,17 @@ def _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, u
     device = x.device
     target = resolve_target(x, target)
     flavor = resolve_flavor(target, flavor)
-    bm, bk = check_block_size(block_size)
-    check_sf_options(round_sf, use_packed_ue8m0, False)
-    if not isinstance(use_tma_aligned_col_major_sf, bool):
-        raise TypeError("use_tma_aligned_col_major_sf must be a bool")
+    bm, bk = options.block_size
     num_tokens, hidden = x.shape
     if num_tokens % parallel.ALIGN or hidden % parallel.ALIGN:
         raise ValueError(f"x must have a number of tokens and a hidden size that are multiples of "
                          f"{parallel.ALIGN}, got shape {tuple(x.shape)}")
 
     nbm, nbk = num_tokens // bm, hidden // bk
-    layout = SFLayout.of(flavor, packed=use_packed_ue8m0, col_major=use_tma_aligned_col_major_sf, block_k=bk)
+    layout = options.sf.layout(flavor, block_k=bk)
     if mode == "cast_only":
         if not isinstance(sf, torch.Tensor):
             raise TypeError(f"sf must be a torch.Tensor, got {type(sf).__name__}")
-        if use_packed_ue8m0 or use_tma_aligned_col_major_sf:
-            raise ValueError("a precomputed sf must be row-major and unpacked: pass "
-                             "use_packed_ue8m0=False and use_tma_aligned_col_major_sf=False")
         check_same_device(sf, "sf", device)
         layout = sf_layout_of(sf, flavor, bk, "sf")
         if layout.kind != "fp32":
@@ -116,54 +137,58 @@ def _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, u
 
     check_disjoint({"out data": given_out, "out_sf": None if mode == "cast_only" else given_sf},
                    {"x": x, "sf": sf if mode == "cast_only" else None})
-    spec = make_spec(PLAIN_DTYPES[x.dtype], fmt, (bm, bk), mode, layout, round_sf)
-    return target, PerBlockCastCall(spec, x, flavor, out, sf)
+    spec = make_spec(PLAIN_DTYPES[x.dtype], fmt, (bm, bk), mode, layout, options.sf.round_sf)
+    return target, PerBlockCastCall(options, spec, x, flavor, out, sf)
 
 
-def _reference(call: PerBlockCastCall, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0):
-    spec = call.spec
-    block = (spec.block_m, spec.block_k)
-    if spec.mode == "cast_only":
-        return call.out.copy_(reference.cast(call.x, spec.fmt, block, sf=call.sf, flavor=call.flavor))
-    data, sf = reference.cast(call.x, spec.fmt, block, round_sf=round_sf,
-                              use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
-                              use_packed_ue8m0=use_packed_ue8m0, flavor=call.flavor)
-    call.sf.copy_(sf)
-    if spec.mode == "sf_only":
+def _reference(call: PerBlockCastCall):
+    options = call.options
+    block = options.block_size
+    if options.mode == "cast_only":
+        return call.out.copy_(reference.cast(call.x, options.fmt, block, sf=call.sf, flavor=call.flavor))
+    sf = options.sf
+    data, out_sf = reference.cast(call.x, options.fmt, block, round_sf=sf.round_sf,
+                                  use_tma_aligned_col_major_sf=sf.use_tma_aligned_col_major_sf,
+                                  use_packed_ue8m0=sf.use_packed_ue8m0, flavor=call.flavor)
+    call.sf.copy_(out_sf)
+    if options.mode == "sf_only":
         return call.sf
     call.out.copy_(data)
     return call.out, call.sf
 
 
-def _execute(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out, sf, target,
-             flavor, launch) -> PerBlockCastCall:
-    target, call = _prepare(mode, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                            out, sf, target, flavor)
+def _execute(options: PerBlockCastOptions, x, out, sf, target, flavor, launch) -> PerBlockCastCall:
+    target, call = _prepare(options, x, out, sf, target, flavor)
     if launch and target == "torch":
-        _reference(call, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+        _reference(call)
     elif launch:
         parallel.launch(call, target)
     return call
 
 
+def _options(mode, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0) -> PerBlockCastOptions:
+    return PerBlockCastOptions(fmt, block_size, SFOptions(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0),
+                               mode)
+
+
 def _run_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, *, out, target, flavor,
               launch):
+    options = _options("cast", fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     out_data, out_sf = out or (None, None)
-    call = _execute("cast", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, out_data,
-                    out_sf, target, flavor, launch)
+    call = _execute(options, x, out_data, out_sf, target, flavor, launch)
     return call.out, call.sf
 
 
 def _run_sf_only(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, *, out, target,
                  flavor, launch):
-    return _execute("sf_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, None,
-                    out and out[0], target, flavor, launch).sf
+    options = _options("sf_only", fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return _execute(options, x, None, out and out[0], target, flavor, launch).sf
 
 
 def _run_precomputed_sf(x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, *, out,
                         target, flavor, launch):
-    return _execute("cast_only", x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                    out and out[0], sf, target, flavor, launch).out
+    options = _options("cast_only", fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    return _execute(options, x, out and out[0], sf, target, flavor, launch).out
 
 
 _X_FMT_BLOCK = (Param("x", "Tensor"), Param("fmt", "str"), Param("block_size", "int[]"))
@@ -187,8 +212,9 @@ def _block_size(options) -> tuple[int, int]:
 
 def _kernels(options, target, flavor):
     x = demo.meta(_DEFAULT_SHAPE, demo.IN_DTYPES[options["in_dtype"]])
-    _, call = _prepare("cast", x, options["fmt"], _block_size(options), options["use_tma_aligned_col_major_sf"],
-                       options["round_sf"], options["use_packed_ue8m0"], None, None, target, flavor)
+    cast = _options("cast", options["fmt"], _block_size(options), options["use_tma_aligned_col_major_sf"],
+                    options["round_sf"], options["use_packed_ue8m0"])
+    _, call = _prepare(cast, x, None, None, target, flavor)
     return [(parallel.build_per_block_cast, call.spec)]
 
 

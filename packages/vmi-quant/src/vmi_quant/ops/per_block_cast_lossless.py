@@ -17,8 +17,9 @@ from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 from vmi_core.tools.testing import randn
 from vmi_quant.sf_layout import SFLayout, ceil_div
 
-from ..inputs import check_matrix, check_same_device, check_sf_options, logical_cols, sf_layout_of, split_pair
+from ..inputs import check_matrix, check_same_device, logical_cols, sf_layout_of, split_pair
 from ..kernels import per_block_cast_lossless as parallel
+from ..options import SFOptions
 from ..reference.cast import cast as reference_cast
 from ..reference.lossless import check_power_of_two_sf
 from ..reference.lossless import per_block_cast_lossless as reference_lossless
@@ -36,6 +37,7 @@ class LosslessCall:
     flavor: Flavor
     out: torch.Tensor
     sf: torch.Tensor
+    sf_options: SFOptions
 
 
 def _check_block(block, name: str) -> tuple[int, int]:
@@ -50,8 +52,8 @@ def make_spec(in_sf_layout: SFLayout, x_block_size: tuple[int, int], sf_layout: 
     return parallel.LosslessSpec(in_sf_layout, *x_block_size, sf_layout, *out_block_size)
 
 
-def _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-             target, flavor) -> tuple[str, LosslessCall]:
+def _prepare(x, fmt, x_block_size, out_block_size, sf_options: SFOptions, target,
+             flavor) -> tuple[str, LosslessCall]:
     if not isinstance(fmt, str):
         raise TypeError(f"fmt must be a str, got {type(fmt).__name__}")
     if fmt != "e4m3":
@@ -70,9 +72,6 @@ def _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
     out_block = _check_block(out_block_size, "out_block_size")
     if out_block[0] % x_block[0] or out_block[1] % x_block[1]:
         raise ValueError(f"out_block_size {out_block} must be a multiple of x_block_size {x_block}")
-    check_sf_options(round_sf, use_packed_ue8m0, False)
-    if not isinstance(use_tma_aligned_col_major_sf, bool):
-        raise TypeError("use_tma_aligned_col_major_sf must be a bool")
     num_tokens, hidden = data.shape[0], logical_cols("e2m1", data.shape[1])
     if num_tokens % parallel.ALIGN or hidden % parallel.ALIGN:
         raise ValueError(f"x must have a number of tokens and a (logical) hidden size that are multiples of "
@@ -86,24 +85,24 @@ def _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf,
     # (a traced SF has no values; the real call checks them).
     if not is_traced(in_sf):
         check_power_of_two_sf(in_sf, "x sf")
-    if use_packed_ue8m0 and use_tma_aligned_col_major_sf and out_block[1] == 1:
+    if sf_options.use_packed_ue8m0 and sf_options.use_tma_aligned_col_major_sf and out_block[1] == 1:
         raise ValueError("an SF packed along tokens (out_block_size[1] == 1) cannot be column-major")
-    layout = SFLayout.of(flavor, packed=use_packed_ue8m0, col_major=use_tma_aligned_col_major_sf,
-                         block_k=out_block[1])
+    layout = sf_options.layout(flavor, block_k=out_block[1])
     sf = layout.allocate(ceil_div(num_tokens, out_block[0]), ceil_div(hidden, out_block[1]), flavor, device)
     out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=device)
     spec = make_spec(in_layout, x_block, layout, out_block)
-    return target, LosslessCall(spec, data, in_sf, flavor, out, sf)
+    return target, LosslessCall(spec, data, in_sf, flavor, out, sf, sf_options)
 
 
 def _run(data, sf, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, *,
          out, target, flavor, launch):
     x = (data, sf)
-    target, call = _prepare(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
-                            use_packed_ue8m0, target, flavor)
+    sf_options = SFOptions(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    target, call = _prepare(x, fmt, x_block_size, out_block_size, sf_options, target, flavor)
     if launch and target == "torch":
-        out, sf = reference_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
-                                     use_packed_ue8m0, flavor=call.flavor)
+        opts = call.sf_options
+        out, sf = reference_lossless(x, fmt, x_block_size, out_block_size, opts.use_tma_aligned_col_major_sf,
+                                     opts.round_sf, opts.use_packed_ue8m0, flavor=call.flavor)
         call.sf.copy_(sf)
         call.out.copy_(out)
     elif launch and not parallel.launch(call, target):
@@ -146,8 +145,8 @@ def _kernels(options, target, flavor):
     # The specialisation does not depend on the shape: a small input gives it.
     inputs = demo.on_meta(_inputs((128, 128), options, 0))
     x_block, out_block = _blocks(options)
-    _, call = _prepare((inputs["x_data"], inputs["x_sf"]), "e4m3", x_block, out_block,
-                       options["use_tma_aligned_col_major_sf"], True, options["use_packed_ue8m0"], target, flavor)
+    sf_options = SFOptions(options["use_tma_aligned_col_major_sf"], True, options["use_packed_ue8m0"])
+    _, call = _prepare((inputs["x_data"], inputs["x_sf"]), "e4m3", x_block, out_block, sf_options, target, flavor)
     return [(parallel.build_per_block_cast_lossless, call.spec)]
 
 

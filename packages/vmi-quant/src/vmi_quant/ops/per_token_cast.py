@@ -25,7 +25,6 @@ from ..inputs import (
     check_num_per_channels,
     check_out_data,
     check_same_device,
-    check_sf_options,
     decode_input,
     join_quantized,
     physical_cols,
@@ -34,13 +33,47 @@ from ..inputs import (
 )
 from ..kernels import per_token_cast as parallel
 from ..kernels.common import ScaleRule
+from ..options import SFOptions
 from . import demo
+
+_MODES = ("cast", "sf_only", "cast_only")
+
+
+@dataclass(frozen=True)
+class PerTokenCastOptions:
+    """The validated options of one ``per_token_cast`` call (everything but the tensors and the target).
+
+    ``mode``: ``"cast"`` (data and SF), ``"sf_only"`` (the SF alone) or ``"cast_only"`` (data
+    from a given SF). Building one checks every option, so the rest of the dispatch, the
+    kernel spec and the reference read them as they are.
+    """
+
+    fmt: str
+    num_per_channels: int
+    x_block_size: tuple[int, int] | None = None
+    sf: SFOptions = SFOptions()
+    stochastic_cast: bool = False
+    mode: str = "cast"
+
+    def __post_init__(self) -> None:
+        check_fmt(self.fmt)
+        if not isinstance(self.sf, SFOptions):
+            raise TypeError(f"sf must be an SFOptions, got {type(self.sf).__name__}")
+        if not isinstance(self.stochastic_cast, bool):
+            raise TypeError("stochastic_cast must be a bool")
+        check_num_per_channels(self.num_per_channels)
+        if self.mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        if self.mode == "cast_only" and (self.sf.use_packed_ue8m0 or self.sf.use_tma_aligned_col_major_sf):
+            raise ValueError("a precomputed sf must be row-major and unpacked: pass "
+                             "use_packed_ue8m0=False and use_tma_aligned_col_major_sf=False")
 
 
 @dataclass
 class PerTokenCastCall:
-    """A validated call: the kernel specialisation plus the tensors it reads and writes."""
+    """A validated call: its options, the kernel specialisation and the tensors it reads and writes."""
 
+    options: PerTokenCastOptions
     spec: parallel.PerTokenCastSpec
     inp: CastInput
     flavor: Flavor
@@ -48,9 +81,8 @@ class PerTokenCastCall:
     sf: torch.Tensor
 
 
-def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-             use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor):
-    check_fmt(fmt)
+def _prepare(options: PerTokenCastOptions, x, out, sf, target, flavor) -> tuple[str, PerTokenCastCall]:
+    mode, fmt, npc, sf_opts = options.mode, options.fmt, options.num_per_channels, options.sf
     given_out, given_sf = out, sf
     if mode != "cast" and isinstance(x, tuple):
         name = "per_token_cast_with_sf_only" if mode == "sf_only" else "per_token_cast_with_precomputed_sf"
@@ -61,30 +93,21 @@ def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
     device = lead.device
     target = resolve_target(lead, target)
     flavor = resolve_flavor(target, flavor)
-    inp = decode_input(x, x_block_size, flavor)
-    check_sf_options(round_sf, use_packed_ue8m0, use_e4m3_sf)
-    if not isinstance(use_tma_aligned_col_major_sf, bool):
-        raise TypeError("use_tma_aligned_col_major_sf must be a bool")
-    if not isinstance(stochastic_cast, bool):
-        raise TypeError("stochastic_cast must be a bool")
-    check_num_per_channels(num_per_channels)
+    inp = decode_input(x, options.x_block_size, flavor)
     if inp.hidden % 64:
         raise ValueError(f"the hidden size of x must be a multiple of 64, got {inp.hidden}")
 
-    nbm, nbk = inp.num_tokens, ceil_div(inp.hidden, num_per_channels)
-    layout = SFLayout.of(flavor, packed=use_packed_ue8m0, e4m3=use_e4m3_sf,
-                         col_major=use_tma_aligned_col_major_sf)
+    nbm, nbk = inp.num_tokens, ceil_div(inp.hidden, npc)
+    layout = sf_opts.layout(flavor)
     if mode == "cast_only":
         if not isinstance(sf, torch.Tensor):
             raise TypeError(f"sf must be a torch.Tensor, got {type(sf).__name__}")
-        if use_packed_ue8m0 or use_tma_aligned_col_major_sf:
-            raise ValueError("a precomputed sf must be row-major and unpacked: pass "
-                             "use_packed_ue8m0=False and use_tma_aligned_col_major_sf=False")
         check_same_device(sf, "sf", device)
-        layout = sf_layout_of(sf, flavor, num_per_channels, "sf")
-        if layout.kind != ("e4m3" if use_e4m3_sf else "fp32"):
-            raise TypeError(f"sf must be {'float8_e4m3fn' if use_e4m3_sf else 'float32'} "
-                            f"with use_e4m3_sf={use_e4m3_sf}, got {sf.dtype}")
+        layout = sf_layout_of(sf, flavor, npc, "sf")
+        e4m3_sf = sf_opts.use_e4m3_sf
+        if layout.kind != ("e4m3" if e4m3_sf else "fp32"):
+            raise TypeError(f"sf must be {'float8_e4m3fn' if e4m3_sf else 'float32'} "
+                            f"with use_e4m3_sf={e4m3_sf}, got {sf.dtype}")
         layout.check(sf, nbm, nbk, "sf")
     elif sf is not None:
         layout.check(sf, nbm, nbk, "out_sf", writable=True)
@@ -104,46 +127,41 @@ def _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
     quant_input = None
     if inp.sf is not None:
         quant_input = parallel.QuantInput(inp.sf_layout, *inp.block_size, dequant_first=flavor.dequant_before_scale)
-    spec = make_spec(inp.fmt, fmt, num_per_channels, mode, layout, round_sf, use_e4m3_sf, stochastic_cast,
-                     quant_input)
-    return target, PerTokenCastCall(spec, inp, flavor, out, sf)
+    spec = make_spec(inp.fmt, options, layout, quant_input)
+    return target, PerTokenCastCall(options, spec, inp, flavor, out, sf)
 
 
-def make_spec(in_fmt: str, fmt: str, num_per_channels: int, mode: str, sf_layout: SFLayout, round_sf: bool,
-              use_e4m3_sf: bool, stochastic_cast: bool, quant_input=None) -> parallel.PerTokenCastSpec:
-    """The kernel specialisation of validated arguments (the amax clamp is read now)."""
-    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, use_e4m3_sf), round_sf=round_sf, e4m3_sf=use_e4m3_sf,
-                     stored=sf_layout.kind)
-    return parallel.PerTokenCastSpec(in_fmt, fmt, num_per_channels, mode, rule, sf_layout, stochastic_cast,
-                                     quant_input)
+def make_spec(in_fmt: str, options: PerTokenCastOptions, sf_layout: SFLayout,
+              quant_input=None) -> parallel.PerTokenCastSpec:
+    """The kernel specialisation of validated options (the amax clamp is read now)."""
+    fmt, sf = options.fmt, options.sf
+    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, sf.use_e4m3_sf), round_sf=sf.round_sf,
+                     e4m3_sf=sf.use_e4m3_sf, stored=sf_layout.kind)
+    return parallel.PerTokenCastSpec(in_fmt, fmt, options.num_per_channels, options.mode, rule, sf_layout,
+                                     options.stochastic_cast, quant_input)
 
 
-def _reference(call: PerTokenCastCall, x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-               use_e4m3_sf, stochastic_cast):
-    spec = call.spec
-    block = (1, spec.num_per_channels)
-    x_block = call.inp.block_size
-    if spec.mode == "cast_only":
-        data = reference.cast(x, spec.fmt, block, sf=call.sf, round_sf=round_sf, use_e4m3_sf=use_e4m3_sf,
+def _reference(call: PerTokenCastCall, x):
+    options = call.options
+    sf = options.sf
+    block = (1, options.num_per_channels)
+    if options.mode == "cast_only":
+        data = reference.cast(x, options.fmt, block, sf=call.sf, round_sf=sf.round_sf, use_e4m3_sf=sf.use_e4m3_sf,
                               flavor=call.flavor)
         return call.out.copy_(data)
-    data, sf = reference.cast(x, spec.fmt, block, x_block_size=x_block, round_sf=round_sf,
-                              use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf,
-                              use_packed_ue8m0=use_packed_ue8m0, use_e4m3_sf=use_e4m3_sf,
-                              stochastic=stochastic_cast, flavor=call.flavor)
-    call.sf.copy_(sf)
-    if spec.mode == "sf_only":
+    data, out_sf = reference.cast(x, options.fmt, block, x_block_size=call.inp.block_size, **sf.as_kwargs(),
+                                  stochastic=options.stochastic_cast, flavor=call.flavor)
+    call.sf.copy_(out_sf)
+    if options.mode == "sf_only":
         return call.sf
     call.out.copy_(data)
     return call.out, call.sf
 
 
-def _execute(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-             use_e4m3_sf, stochastic_cast, out, sf, target, flavor, launch) -> PerTokenCastCall:
-    target, call = _prepare(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
-                            use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out, sf, target, flavor)
+def _execute(options: PerTokenCastOptions, x, out, sf, target, flavor, launch) -> PerTokenCastCall:
+    target, call = _prepare(options, x, out, sf, target, flavor)
     if launch and target == "torch":
-        _reference(call, x, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast)
+        _reference(call, x)
     elif launch:
         parallel.launch(call, target)
     return call
@@ -151,23 +169,28 @@ def _execute(mode, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_m
 
 def _run_cast(x, x_sf, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
               use_e4m3_sf, stochastic_cast, *, out, target, flavor, launch):
+    options = PerTokenCastOptions(
+        fmt, num_per_channels, x_block_size,
+        SFOptions(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf), stochastic_cast)
     out_data, out_sf = out or (None, None)
-    call = _execute("cast", join_quantized(x, x_sf), fmt, num_per_channels, x_block_size,
-                    use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, stochastic_cast, out_data,
-                    out_sf, target, flavor, launch)
+    call = _execute(options, join_quantized(x, x_sf), out_data, out_sf, target, flavor, launch)
     return call.out, call.sf
 
 
 def _run_sf_only(x, fmt, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf, *,
                  out, target, flavor, launch):
-    return _execute("sf_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
-                    use_packed_ue8m0, use_e4m3_sf, False, None, out and out[0], target, flavor, launch).sf
+    options = PerTokenCastOptions(
+        fmt, num_per_channels, sf=SFOptions(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf),
+        mode="sf_only")
+    return _execute(options, x, None, out and out[0], target, flavor, launch).sf
 
 
 def _run_precomputed_sf(x, fmt, num_per_channels, sf, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                         use_e4m3_sf, *, out, target, flavor, launch):
-    return _execute("cast_only", x, fmt, num_per_channels, None, use_tma_aligned_col_major_sf, round_sf,
-                    use_packed_ue8m0, use_e4m3_sf, False, out and out[0], sf, target, flavor, launch).out
+    options = PerTokenCastOptions(
+        fmt, num_per_channels, sf=SFOptions(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, use_e4m3_sf),
+        mode="cast_only")
+    return _execute(options, x, out and out[0], sf, target, flavor, launch).out
 
 
 _X = Param("x", "Tensor")
@@ -190,9 +213,11 @@ _DEFAULT_SHAPE = (1024, 4096)
 
 def _kernels(options, target, flavor):
     x = demo.meta(_DEFAULT_SHAPE, demo.IN_DTYPES[options["in_dtype"]])
-    _, call = _prepare("cast", x, options["fmt"], options["num_per_channels"], None,
-                       options["use_tma_aligned_col_major_sf"], options["round_sf"], options["use_packed_ue8m0"],
-                       options["use_e4m3_sf"], options["stochastic_cast"], None, None, target, flavor)
+    sf = SFOptions(options["use_tma_aligned_col_major_sf"], options["round_sf"], options["use_packed_ue8m0"],
+                   options["use_e4m3_sf"])
+    cast = PerTokenCastOptions(options["fmt"], options["num_per_channels"], sf=sf,
+                               stochastic_cast=options["stochastic_cast"])
+    _, call = _prepare(cast, x, None, None, target, flavor)
     return [(parallel.build_per_token_cast, call.spec)]
 
 

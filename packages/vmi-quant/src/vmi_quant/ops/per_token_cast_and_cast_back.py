@@ -17,9 +17,10 @@ from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 
 from .. import reference
 from ..config import get_amax_clamp_for_quant
-from ..inputs import PLAIN_DTYPES, check_fmt, check_matrix, check_num_per_channels, check_sf_options
+from ..inputs import PLAIN_DTYPES, check_fmt, check_matrix, check_num_per_channels
 from ..kernels import per_token_cast_and_cast_back as parallel
 from ..kernels.common import ScaleRule
+from ..options import SFOptions
 from . import demo
 
 
@@ -30,16 +31,20 @@ class CastAndCastBackCall:
     spec: parallel.CastAndCastBackSpec
     x: torch.Tensor
     flavor: Flavor
+    sf: SFOptions
 
 
-def make_spec(in_fmt: str, fmt: str, num_per_channels: int, round_sf: bool,
-              use_e4m3_sf: bool) -> parallel.CastAndCastBackSpec:
-    """The kernel specialisation of validated arguments (the amax clamp is read now)."""
-    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, use_e4m3_sf), round_sf=round_sf, e4m3_sf=use_e4m3_sf)
+def make_spec(in_fmt: str, fmt: str, num_per_channels: int, sf: SFOptions) -> parallel.CastAndCastBackSpec:
+    """The kernel specialisation of validated arguments (the amax clamp is read now).
+
+    ``sf``: the round trip's scale rule (only ``round_sf`` and ``use_e4m3_sf`` apply; nothing is stored).
+    """
+    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, sf.use_e4m3_sf), round_sf=sf.round_sf,
+                     e4m3_sf=sf.use_e4m3_sf)
     return parallel.CastAndCastBackSpec(in_fmt, fmt, num_per_channels, rule)
 
 
-def _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor) -> tuple[str, CastAndCastBackCall]:
+def _prepare(x, fmt, num_per_channels, sf: SFOptions, target, flavor) -> tuple[str, CastAndCastBackCall]:
     check_fmt(fmt)
     check_matrix(x, "x")
     if x.dtype not in PLAIN_DTYPES:
@@ -49,7 +54,6 @@ def _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor) ->
     check_in_place(x, "x", "per_token_cast_and_cast_back")
     target = resolve_target(x, target)
     flavor = resolve_flavor(target, flavor)
-    check_sf_options(round_sf, False, use_e4m3_sf)
     check_num_per_channels(num_per_channels)
     hidden = x.shape[1]
     if hidden % 64:
@@ -57,20 +61,24 @@ def _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor) ->
     if hidden % num_per_channels:
         raise ValueError(f"the hidden size of x ({hidden}) must be a multiple of num_per_channels "
                          f"({num_per_channels})")
-    spec = make_spec(PLAIN_DTYPES[x.dtype], fmt, num_per_channels, round_sf, use_e4m3_sf)
-    return target, CastAndCastBackCall(spec, x, flavor)
+    spec = make_spec(PLAIN_DTYPES[x.dtype], fmt, num_per_channels, sf)
+    return target, CastAndCastBackCall(spec, x, flavor, sf)
 
 
-def _reference(call: CastAndCastBackCall, round_sf: bool, use_e4m3_sf: bool) -> None:
+def _reference(call: CastAndCastBackCall) -> None:
     spec, x = call.spec, call.x
-    x.copy_(reference.cast_and_cast_back(x, spec.fmt, spec.num_per_channels, round_sf=round_sf,
-                                         use_e4m3_sf=use_e4m3_sf, flavor=call.flavor))
+    x.copy_(reference.cast_and_cast_back(x, spec.fmt, spec.num_per_channels, round_sf=call.sf.round_sf,
+                                         use_e4m3_sf=call.sf.use_e4m3_sf, flavor=call.flavor))
+
+
+def _sf_options(round_sf, use_e4m3_sf) -> SFOptions:
+    return SFOptions(round_sf=round_sf, use_e4m3_sf=use_e4m3_sf)
 
 
 def _run(x, fmt, num_per_channels, round_sf, use_e4m3_sf, *, out, target, flavor, launch) -> None:
-    target, call = _prepare(x, fmt, num_per_channels, round_sf, use_e4m3_sf, target, flavor)
+    target, call = _prepare(x, fmt, num_per_channels, _sf_options(round_sf, use_e4m3_sf), target, flavor)
     if launch and target == "torch":
-        _reference(call, round_sf, use_e4m3_sf)
+        _reference(call)
     elif launch:
         parallel.launch(call, target)
         mark_written(call.x)
@@ -86,8 +94,8 @@ _OPTIONS = (
 
 
 def _kernels(options, target, flavor):
-    spec = make_spec(options["in_dtype"], options["fmt"], options["num_per_channels"], options["round_sf"],
-                     options["use_e4m3_sf"])
+    spec = make_spec(options["in_dtype"], options["fmt"], options["num_per_channels"],
+                     _sf_options(options["round_sf"], options["use_e4m3_sf"]))
     return [(parallel.build_per_token_cast_and_cast_back, spec)]
 
 
