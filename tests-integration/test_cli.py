@@ -1,4 +1,6 @@
-"""The ``vmi`` command end to end, as a user runs it (a subprocess per call)."""
+"""The ``vmi`` command end to end: as a user runs it (a subprocess) for ``list`` and one ``run``; the
+rest through the command's ``main`` in process, which parses, prints and exits the same way
+without an interpreter start (and a torch and TileLang import) per call."""
 
 from __future__ import annotations
 
@@ -13,6 +15,18 @@ def vmi(*args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+def in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """The command's exit status, stdout and stderr, run through its ``main``."""
+    from vmi_core.tools.cli import main
+
+    try:
+        status = main(list(args))
+    except SystemExit as exit_:
+        status = exit_.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
 def test_list_shows_installed_ops_per_target():
     result = vmi("list")
     assert result.returncode == 0, result.stderr
@@ -21,18 +35,25 @@ def test_list_shows_installed_ops_per_target():
         assert target in result.stdout
 
 
-@pytest.mark.parametrize("options", [[], ["-o", "fmt=e2m1", "-o", "round_sf=true", "-o", "use_packed_ue8m0=true"]])
-def test_run_checks_against_the_reference(options):
-    result = vmi("run", "per_token_cast", "--shape", "64x256", "--repeat", "1", *options)
+def test_run_checks_against_the_reference():
+    result = vmi("run", "per_token_cast", "--shape", "64x256", "--repeat", "1")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "matches the reference bit for bit" in result.stdout
     assert "speed-up" in result.stdout
 
 
-def test_bench_prints_kernel_reference_baseline_and_copy_bandwidth():
-    result = vmi("bench", "per_token_cast", "--shape", "256x512", "--repeat", "1", "--threads", "1")
-    assert result.returncode == 0, result.stdout + result.stderr
-    lines = result.stdout.splitlines()
+def test_run_with_options_checks_against_the_reference(capsys):
+    status, out, err = in_process(capsys, "run", "per_token_cast", "--shape", "64x256", "--repeat", "1",
+                                  "-o", "fmt=e2m1", "-o", "round_sf=true", "-o", "use_packed_ue8m0=true")
+    assert status == 0, out + err
+    assert "matches the reference bit for bit" in out and "speed-up" in out
+
+
+def test_bench_prints_kernel_reference_baseline_and_copy_bandwidth(capsys):
+    status, out, err = in_process(capsys, "bench", "per_token_cast", "--shape", "256x512", "--repeat", "1",
+                                  "--threads", "1")
+    assert status == 0, out + err
+    lines = out.splitlines()
     assert lines[0].startswith("per_token_cast (cpu, 1 thread, flavor ascend) options: fmt=e4m3")
     assert "copy bandwidth" in lines[1] and "GB/s" in lines[1]
     assert lines[2].startswith("  baseline: torch ops")
@@ -74,35 +95,40 @@ def test_bench_without_baselines_times_kernel_and_reference(capsys, monkeypatch)
     assert row[-5:-3] == ["-", "-"] and row[-2] == "-" and row[-1].endswith("%"), lines[4]
 
 
-def test_source_for_each_target():
-    ascend = vmi("source", "per_token_cast", "--target", "ascend")
-    assert ascend.returncode == 0, ascend.stderr
-    assert "__simd_vf__" in ascend.stdout and "__simt_vf__" in ascend.stdout
-    assert "asc_copy_gm2ub_align" in ascend.stdout
-    cuda = vmi("source", "per_token_cast", "--target", "cuda", "-o", "fmt=e2m1")
-    assert cuda.returncode == 0, cuda.stderr
-    assert "__global__" in cuda.stdout
+def test_source_for_each_target(capsys):
+    status, ascend, err = in_process(capsys, "source", "per_token_cast", "--target", "ascend")
+    assert status == 0, err
+    assert "__simd_vf__" in ascend and "__simt_vf__" in ascend
+    assert "asc_copy_gm2ub_align" in ascend
+    assert ascend.startswith("// vmi source: per_token_cast, kernel 1 of 1: per_token_cast; target ascend")
+    status, cuda, err = in_process(capsys, "source", "per_token_cast", "--target", "cuda", "-o", "fmt=e2m1")
+    assert status == 0, err
+    assert "__global__" in cuda
 
 
-def test_source_stats_count_one_ascend_sim_launch():
+def test_source_prints_every_kernel_of_an_op(capsys):
+    status, out, err = in_process(capsys, "source", "mhc_pre_norm_fn_gemm_fwd", "--target", "cpu")
+    assert status == 0, err
+    headers = [line for line in out.splitlines() if line.startswith("// vmi source:")]
+    assert [h.split(": ")[2].split(";")[0] for h in headers] == ["tf32_split", "gemm_fwd"], headers
+
+
+def test_source_stats_count_one_ascend_sim_launch(capsys):
     # cast fp32 -> bf16: one 64-lane iteration per 64 elements, DMA 4 bytes in and 2 out per element.
-    result = vmi("source", "cast", "--target", "ascend", "--stats", "--shape", "64x256")
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
+    status, out, err = in_process(capsys, "source", "cast", "--target", "ascend", "--stats", "--shape", "64x256")
+    assert status == 0, out + err
     assert "simd region" in out and "16384 elements" in out
     assert "dma gm to ub bytes: 65536 (4.000 per element)" in out
     assert "dma ub to gm bytes: 32768 (2.000 per element)" in out
     assert "vector loads: 256 (0.016 per element)" in out and "simt ub accesses: 0 " in out
-    refused = vmi("source", "cast", "--target", "cuda", "--stats")
-    assert refused.returncode == 2 and "--stats" in refused.stderr
+    status, _, err = in_process(capsys, "source", "cast", "--target", "cuda", "--stats")
+    assert status == 2 and "--stats" in err
 
 
 def test_bad_option_is_a_clear_error():
     result = vmi("run", "per_token_cast", "-o", "num_per_channels=48")
     assert result.returncode == 2
     assert "num_per_channels" in result.stderr
-    unknown = vmi("run", "no_such_op")
-    assert unknown.returncode != 0 and "unknown op" in unknown.stderr
 
 
 @pytest.mark.parametrize(("args", "names"), [
@@ -136,11 +162,13 @@ def test_user_errors_are_one_line_with_exit_status_2(args, names, capsys):
     assert len(lines) == 1 and names in lines[0], err
 
 
-def test_run_on_ascend_sim():
-    result = vmi("run", "per_token_cast", "--target", "ascend-sim", "--shape", "40x256", "--repeat", "1")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "target=ascend-sim" in result.stdout and "matches the reference bit for bit" in result.stdout
-    assert "ascend-sim" in vmi("list").stdout
+def test_run_on_ascend_sim(capsys):
+    status, out, err = in_process(capsys, "run", "per_token_cast", "--target", "ascend-sim", "--shape", "40x256",
+                                  "--repeat", "1")
+    assert status == 0, out + err
+    assert "target=ascend-sim" in out and "matches the reference bit for bit" in out
+    status, out, _ = in_process(capsys, "list")
+    assert status == 0 and "ascend-sim" in out
 
 
 def test_a_target_with_its_own_flavor_is_checked_against_that_flavor(capsys):
