@@ -9,8 +9,6 @@ casts (DMA only) just the E4M3 one by default, the others under ``slow``.
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -26,11 +24,10 @@ from vmi_core.tools.testing import (
     with_extremes,
 )
 from vmi_devkit.cases.cast_cases import CAST_PAIRS, DTYPES, SR_PAIRS
+from vmi_quant.kernels import cast as kernels
 from vmi_quant.kernels.cast import BLOCK, CastSpec, quad_base
 from vmi_quant.ops.cast import cast, cast_parallel
 from vmi_quant.reference.elementwise import cast as reference_cast
-
-kernels = importlib.import_module("vmi_quant.kernels.cast")
 
 # Empty, a 0-d tensor, one element, one quad, a partial tile, a partial tile after 16 full ones, a 3-D
 # shape, and enough elements for the cpu launcher to split the work over threads.

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from vmi_devkit.errors import no_kernel_fixture
 from vmi_quant import (
     per_token_cast,
     per_token_cast_parallel,
@@ -15,14 +14,7 @@ from vmi_quant import (
     reference,
 )
 
-
-@pytest.fixture(autouse=True)
-def no_kernel(monkeypatch):
-    def fail(*args, **kwargs):
-        raise AssertionError("a kernel was launched for bad input")
-
-    # The package exports a function of the kernel module's name; fetch the module itself.
-    monkeypatch.setattr(importlib.import_module("vmi_quant.kernels.per_token_cast"), "launch", fail)
+no_kernel = no_kernel_fixture("vmi_quant.kernels.per_token_cast")
 
 
 X = torch.zeros(4, 128, dtype=torch.bfloat16)

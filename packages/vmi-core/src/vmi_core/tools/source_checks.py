@@ -218,7 +218,9 @@ def _arch_number(arch: str) -> str:
 
 
 def nvcc_compile(src: str, arch: str = "sm_90a", timeout: float = 600.0) -> None:
-    """Compile CUDA ``src`` to an object file for ``arch``; AssertionError with nvcc's output on failure."""
+    """Compile CUDA ``src`` for ``arch`` to a cubin, the device code a GPU runs (nvcc's device pass and
+    ptxas); AssertionError with nvcc's output on failure. A kernel source has no host code of its own,
+    so the host pass of ``nvcc -c`` would compile only the headers again, at twice the device pass's cost."""
     number = _arch_number(arch)
     nvcc = nvcc_path()
     if nvcc is None:
@@ -229,7 +231,7 @@ def nvcc_compile(src: str, arch: str = "sm_90a", timeout: float = 600.0) -> None
     with tempfile.TemporaryDirectory(prefix="vmi-nvcc-") as tmp:
         cu = Path(tmp) / "k.cu"
         cu.write_text(src)
-        cmd = [nvcc, "-std=c++17", "-w", "-c", str(cu), "-o", str(Path(tmp) / "k.o"),
+        cmd = [nvcc, "-std=c++17", "-w", "--cubin", str(cu), "-o", str(Path(tmp) / "k.cubin"),
                "-gencode", f"arch=compute_{number},code=sm_{number}", *(f"-I{path}" for path in includes)]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
