@@ -10,7 +10,7 @@ What the pages take from the code at build time, so that they cannot drift from 
     identifiers are left to mkdocstrings as written.
 ``<!-- vmi:targets OP [OP ...] -->``
     Support per target of the named ops (names or aliases): their ``OpInfo.targets``, from
-    ``vmi_core.registry.discover()``, and what the checks compare (``OpInfo.check_criterion``).
+    ``vmi_core.tools.registry.discover()``, and what the checks compare (``OpInfo.check_criterion``).
 ``<!-- vmi:targets family=FAMILY -->``
     The same for every registered op of a family, ops with identical support in one table.
 ``<!-- vmi:ops FAMILY -->``

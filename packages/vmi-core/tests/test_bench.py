@@ -1,4 +1,4 @@
-"""Benchmark primitives (vmi_core.bench)."""
+"""Benchmark primitives (vmi_core.tools.bench)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A small kernel written once against ``Shell`` (persistent tiles over a runtime row
 count with a partial last tile: DMA in, an element-wise SIMT region, DMA out) runs on
 cpu against torch, lowers for ascend (regions and DMA asserted with
-``vmi_core.source_checks``) and for cuda (compiled with nvcc where installed). SIMD
+``vmi_core.tools.source_checks``) and for cuda (compiled with nvcc where installed). SIMD
 bodies show what the source checker accepts and what it catches.
 """
 

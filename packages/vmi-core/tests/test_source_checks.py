@@ -1,4 +1,4 @@
-"""The source checkers (vmi_core.source_checks) on hand-written AscendC-like snippets.
+"""The source checkers (vmi_core.tools.source_checks) on hand-written AscendC-like snippets.
 
 Real generated sources are checked in test_compile.py and test_reduce.py; these
 snippets pin down the parsing (brace matching, comments, literals, declarations).

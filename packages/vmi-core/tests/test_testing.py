@@ -1,4 +1,4 @@
-"""The testing helpers (vmi_core.testing): bitwise comparison and seeded generators."""
+"""The testing helpers (vmi_core.tools.testing): bitwise comparison and seeded generators."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ the failing test, or rerun with the seed the report prints (``pytest --hypothesi
 examples are also kept in ``.hypothesis/`` and retried first on the next run.
 
 Tensors are not drawn element by element (too slow for thousands of elements): a drawn seed feeds
-vmi_core.testing's generators, and special values are then written at drawn positions, so the
+vmi_core.tools.testing's generators, and special values are then written at drawn positions, so the
 whole input is a function of the drawn choices and shrinks with them.
 """
 

@@ -158,7 +158,7 @@ def support(ascend: str = "SIMD vector regions", *, cpu: str = "bit-exact agains
 @dataclass(frozen=True)
 class Command:
     """What the ``vmi`` command needs beyond an op's parameters to list, run, check, benchmark and
-    show it (``vmi_core.registry`` builds the command's entry from the op and this).
+    show it (``vmi_core.tools.registry`` builds the command's entry from the op and this).
 
     ``make_inputs(shape, options, seed)`` -> the inputs by parameter name (CPU tensors and values);
     ``kernels(options, target, flavor)`` -> the ``(Kernel, spec)`` of every kernel the op runs with

@@ -9,7 +9,7 @@ import torch
 from vmi_core.tools.bench import Baseline, in_row_chunks
 from vmi_mhc.ops.demo import NORM_EPS
 
-# vmi_mhc.ops runs pre_split_mixes with TileKernels' test values.
+# The vmi command runs pre_split_mixes with TileKernels' test values (vmi_mhc.ops.demo).
 POST_MULT = 2.0
 PRE_EPS = 1e-2
 N = 4
@@ -178,7 +178,7 @@ def pre_norm_fn_gemm_bwd_baseline(op, options):
                     same_bits=False, chunks=False)
 
 
-# --- pre_big_fuse (vmi_mhc.ops runs it with TileKernels' test values) ---
+# --- pre_big_fuse (the vmi command runs it with TileKernels' test values) ---
 
 def mhc_pre_big_fuse_fwd_baseline(op, options):
     eps, repeat = 1e-6, 10

@@ -3,8 +3,8 @@ each op (``torch.topk``, ``F.softplus``, sums and divisions in fp32), in the str
 ``run`` outputs. Row sums use torch's own order, so weights may differ from the reference's
 (sequential or butterfly) sums in the last bit; the bench shows whether they do.
 
-``vmi_moe.ops`` runs the gate with a routed scaling factor of ``SCALE``; the baselines use the same
-one (tests-integration/test_baselines.py holds them to the reference).
+The ``vmi`` command (``vmi_moe.ops.demo``) runs the gate with a routed scaling factor of ``SCALE``;
+the baselines use the same one (tests-integration/test_baselines.py holds them to the reference).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every installed op on one target, against its reference and timed: a report for a device host.
 
-    python -m vmi_core.devicecheck [--target cuda] [--out DIR] [--quick] [--ops a,b] [--jobs N]
+    python -m vmi_core.tools.devicecheck [--target cuda] [--out DIR] [--quick] [--ops a,b] [--jobs N]
 
 For each op ``registry.discover()`` lists:
 
@@ -399,7 +399,7 @@ def write(report: dict, out: Path) -> None:
 # --- main -----------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vmi_core.devicecheck", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m vmi_core.tools.devicecheck", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", choices=TARGETS, default="cuda")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-check-out"))
     parser.add_argument("--quick", action="store_true", help="default options, default shape, one bench shape")
