@@ -30,7 +30,7 @@ def check_topk(num_topk, num_experts: int, name: str = "num_topk") -> int:
 
 
 def new_status(device: torch.device) -> torch.Tensor:
-    """The status words a kernel raises flags in (see ``kernel_common``)."""
+    """The status words a kernel raises flags in (see ``vmi_moe.kernels.common``)."""
     return torch.zeros(STATUS_WORDS, dtype=torch.int32, device=device)
 
 

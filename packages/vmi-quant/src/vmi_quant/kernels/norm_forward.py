@@ -15,7 +15,7 @@ runtime values. Per tile:
    columns past ``H`` count as zeros), then ``rstd`` by ``vmi_core.tl.rstd`` (one lane per row);
 4. per element: ``y = f32(f32(r * rstd) * w')``, ``w' = f32(w * out_scale)``, rounded to x's
    dtype (``u``), and for fp32 x with a bf16 side output ``bf16(y)``;
-5. quantising variant: per (row, 32-group) amax of ``|u|``, scales (``kernel_common.scale_from_amax``)
+5. quantising variant: per (row, 32-group) amax of ``|u|``, scales (``kernels.common.scale_from_amax``)
    and E4M3 codes, as ``per_token_cast`` computes them; the SF is scattered into its layout and the
    exponent bytes into the Mega MoE rows;
 6. DMA the outputs out.

@@ -11,7 +11,7 @@ every tile is full). Per tile:
    input also gathers and decodes its per-token SF blocks ``(1, npc)`` for the tile;
 2. per channel: the amax of ``|v|`` over the tile's ``npt`` rows, with ``v = x`` or, for a
    pre-quantized input, ``v = fl32(q · s_in)``;
-3. per channel: sf and sf_inv from the amax (``kernel_common.scale_from_amax``);
+3. per channel: sf and sf_inv from the amax (``kernels.common.scale_from_amax``);
 4. per element: ``e4m3(fl32(v · sf_inv))`` (the product order of spec §1.2 for every flavor);
 5. DMA the data tile out; an fp32 SF tile goes out by DMA, UE8M0 exponents packed along the
    tokens are stored byte by byte into their words (the unused bytes are never written).

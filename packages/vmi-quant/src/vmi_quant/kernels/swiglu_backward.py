@@ -15,7 +15,7 @@ strides are runtime values. Per tile:
    fp32 gradient; padding rows become +0 here;
 4. per row: ``sum(g · act)`` in the fixed lane order (fused products), with ``topk_weights``;
 5. E4M3 output: per 32/128-channel group of each half, the amax, ``(sf, sf_inv)`` by
-   ``per_token_cast``'s rule (``kernel_common.scale_from_amax``) and the E4M3 codes;
+   ``per_token_cast``'s rule (``kernels.common.scale_from_amax``) and the E4M3 codes;
 6. the SF of the tile into any layout (0 on padding rows) and the weight gradient; DMA out.
 
 On Ascend, phases 3-5 run as explicit vector code in one SIMD region (``vmi_core.tl.vector``);

@@ -13,7 +13,7 @@ Per tile:
 2. DMA the gate and up slices of the row into two on-chip tiles; read the row's weight;
 3. per element: clamp, ``silu = a / (1 + exp(-a))``, ``y = silu * b * w`` (fp32), stored as
    fp32 or bf16, or kept for quantization;
-4. E4M3: per group of ``num_per_channels``, the amax, scales and codes (vmi_quant.kernel_common);
+4. E4M3: per group of ``num_per_channels``, the amax, scales and codes (vmi_quant.kernels.common);
 5. clamp counters: per-row sums of the three clamp indicators (fixed-order fp32 sums of 0/1,
    exact), added to the worker's int64 totals, which go to a per-worker workspace row at the end;
 6. DMA the output slice; scatter the tile's SF into its layout (unused packed bytes untouched).
