@@ -1,5 +1,5 @@
 """Fixed-order fp32 row sums (``Shell.row_sum`` / ``vmi_core.sums``) and the correctly rounded
-exponential (``vmi_core.tl.simd.exp`` / ``vmi_core.fp32.exp``).
+exponential (``vmi_core.tl.exp.exp`` / ``vmi_core.fp32.exp``).
 
 One kernel sums each row of a tile (plain terms and fused products) and maps ``exp`` over it; it
 runs on ``cpu`` (``T.Parallel`` lanes) and ``ascend-sim`` (a SIMD region: a row's partials in one
@@ -22,7 +22,7 @@ import torch
 from vmi_core.compile import cached_kernel, cuda_arch, kernel_source
 from vmi_core.fp32 import exp, fma
 from vmi_core.sums import LANES, lane_sum, lane_sum_fused
-from vmi_core.tl import simd as S
+from vmi_core.tl.exp import exp as exp_lanes
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tools.source_checks import assert_vector_regions
 from vmi_core.tools.testing import assert_bitwise_equal
@@ -57,7 +57,7 @@ def build_sums(spec, target: str):
             with sh.vector(SIMD):
                 sh.row_sum(total, (rows, cols), lambda at: at.load(x))
                 sh.row_sum(dot, (rows, cols), lambda at: (at.load(x), at.load(y)), fused=True)
-                sh.elementwise((rows, cols), lambda at: S.exp(at.load(x)), e)
+                sh.elementwise((rows, cols), lambda at: exp_lanes(at.load(x)), e)
             _emit(sh.copy(total, SUM[0]))
             _emit(sh.copy(dot, DOT[0]))
             _emit(sh.copy(e, EXP[0, 0]))

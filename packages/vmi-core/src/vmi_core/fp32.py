@@ -1,5 +1,5 @@
 """Single fp32 operations in torch with the rounding a kernel gives them: the torch twins of
-``vmi_core.tl.simd.fma`` and ``vmi_core.tl.simd.exp``, and the subnormal flush of the Ascend
+``vmi_core.tl.simd.fma`` and ``vmi_core.tl.exp.exp``, and the subnormal flush of the Ascend
 vector division (twin of ``vmi_core.tl.formats.flush_subnormal``) and that division itself
 (``ascend_quotient``, twin of ``vmi_core.tl.formats.ascend_quotient``).
 

@@ -198,6 +198,8 @@ def keep(value):
         return Vec(_bind(value.expr))
     if isinstance(value, Pred):
         return Pred(_bind(value.expr))
+    if hasattr(value, "asobject"):  # a scalar ``==`` / ``!=``: TVM defers it as a Python comparison
+        value = value.asobject()
     var = T.alloc_var(str(value.dtype))
     T.buffer_store(var, value, [0])
     return var[0]
@@ -287,18 +289,6 @@ def sqrt(value):
     if isinstance(value, Vec):
         return Vec(simd().vsqrt(value.expr))
     return T.sqrt(value)
-
-
-def exp(value):
-    """``e^value`` of fp32 lanes, correctly rounded: ``(float)exp((double)x)`` on scalars (cpu,
-    cuda; Ascend kernels take the vector form, the vector cores having no double arithmetic), the
-    vector unit's ``vexp`` on vectors (the bare SFU instruction: subnormal inputs and results
-    flush to zero; ascend-sim models it as correctly rounded otherwise). The torch twin is
-    ``vmi_core.fp32.exp``; an op whose result does not depend on subnormal values of ``exp``
-    (``1 + e^-x``) gets the same bits from every form."""
-    if isinstance(value, Vec):
-        return Vec(simd().vexp(value.expr))
-    return T.Cast("float32", T.exp(T.Cast("float64", value)))
 
 
 def absolute(value):

@@ -195,6 +195,17 @@ def dma_counts(src: str) -> tuple[int, int]:
     return src.count(_GM_TO_UB), src.count(_UB_TO_GM)
 
 
+# The exponential and logarithm family: vector SFU instructions and the C library's functions. No
+# kernel may call one: vmi builds them from documented arithmetic (``vmi_core.tl.exp``).
+_TRANSCENDENTAL = re.compile(r"\b(?:vexp|vln|vlog|vexpdif|expf?|exp2f?|expm1f?|__expf|logf?|log1pf?|log2f?|"
+                             r"__logf|powf?|tanhf?)\s*\(")
+
+
+def transcendental_calls(src: str) -> list[str]:
+    """The exp/log-family calls in generated source (``[]`` for a kernel that builds its own)."""
+    return [m.group(0).rstrip("( ") for m in _TRANSCENDENTAL.finditer(src)]
+
+
 # --- CUDA ---------------------------------------------------------------------------------------
 
 def nvcc_path() -> str | None:

@@ -15,7 +15,7 @@ Per flavor (spec §3.9.2, §5.1):
   quotients to signed zero, and a residual check of the quotient's neighbours, which moves it by
   an ulp where the residuals underflow); the vector form is that division, scalar code models it
   (``vmi_core.tl.formats.ascend_quotient``);
-* ``exp(x - rowmax)``: correctly rounded (``vmi_core.tl.simd.exp``); the max of 4 is
+* ``exp(x - rowmax)``: correctly rounded (``vmi_core.tl.exp.exp``); the max of 4 is
   order-free.
 """
 
@@ -24,7 +24,8 @@ from __future__ import annotations
 import tilelang.language as T
 
 from vmi_core.tl import formats as F
-from vmi_core.tl.simd import LaneVar, Vec, exp, keep, maximum
+from vmi_core.tl.exp import exp
+from vmi_core.tl.simd import LaneVar, Vec, keep, maximum
 
 N = 4
 ENTRIES = N * N

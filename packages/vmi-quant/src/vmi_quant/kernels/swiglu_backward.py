@@ -33,8 +33,9 @@ from tvm import tirx
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.exp import exp
 from vmi_core.tl.shell import SIMD, SIMT, Shell
-from vmi_core.tl.simd import LANES, Pred, Vec, exp, fma, keep, maximum, minimum, select
+from vmi_core.tl.simd import LANES, Pred, Vec, fma, keep, maximum, minimum, select
 from vmi_core.tl.vector import decode
 from vmi_quant.sf_layout import SFLayout, align, sf_address
 

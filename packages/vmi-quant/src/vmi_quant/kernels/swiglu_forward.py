@@ -31,8 +31,9 @@ from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.targets import lowering_target
 from vmi_core.tl import formats as F
+from vmi_core.tl.exp import exp
 from vmi_core.tl.shell import SIMD, SIMT, Shell
-from vmi_core.tl.simd import exp, keep, select
+from vmi_core.tl.simd import keep, select
 from vmi_core.tl.vector import decode
 from vmi_quant.sf_layout import SFLayout, sf_address
 
