@@ -73,6 +73,12 @@ def slow(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def exhaustive(session: nox.Session) -> None:
+    """Every binary32 input through the correctly rounded functions' cpu kernels (minutes each)."""
+    _pytest(session, "-m", "exhaustive", "-s", "packages/vmi-core/tests")
+
+
+@nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
     """ruff over the whole repository."""
     session.run(sys.executable, "-m", "ruff", "check", ".", *session.posargs)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from vmi_core.targets import get_flavor
-from vmi_core.tools.source_checks import assert_vector_regions, dma_counts, transcendental_calls
+from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_core.tools.testing import assert_bitwise_equal, randn
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_devkit.errors import forbid_kernels
@@ -142,7 +142,7 @@ def test_ascend_lowering(case):
     src = build_swiglu_per_channel.source(_spec(case), "ascend")
     assert_vector_regions(src, simd=1, simt=0 if case[2] else 1)
     assert dma_counts(src) == (2, 2)
-    assert transcendental_calls(src) == []
+    assert "simd_inst::vexp" in src
 
 
 @pytest.mark.slow

@@ -1,11 +1,10 @@
 """swiglu_forward lowers for ascend and cuda.
 
 Ascend: the generated AscendC loads the gate and up slices of a row by DMA, runs one SIMD region
-per work tile (real vector instructions: the SwiGLU math with the vector division and an exp built
-from vector arithmetic, the E4M3 amax, scales and codes, the clamp-counter row sums), a SIMT region
-that scatters the SF at computed addresses (E4M3) and one that stores the worker's counters (the
-README's "differences by target" entry), no barrier inside a thread-guarded branch, and stores the
-output slice by DMA.
+per work tile (real vector instructions: the SwiGLU math with the vector exp and division, the
+E4M3 amax, scales and codes, the clamp-counter row sums), a SIMT region that scatters the SF at
+computed addresses (E4M3) and one that stores the worker's counters (the README's "differences
+by target" entry), no barrier inside a thread-guarded branch, and stores the output slice by DMA.
 CUDA: the source compiles with nvcc for an explicit arch.
 """
 
@@ -14,7 +13,6 @@ from __future__ import annotations
 import re
 
 from vmi_core.targets import get_flavor
-from vmi_core.tools.source_checks import transcendental_calls
 from vmi_devkit.cases.swiglu_forward_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 from vmi_devkit.lowering import assert_ascend_kernel, assert_cuda_compiles, case_table_tests
 from vmi_quant.kernels.swiglu_forward import build_swiglu_forward
@@ -41,7 +39,7 @@ def _check_ascend(case):
     regions = assert_ascend_kernel(src, "swiglu_forward_kernel", simd=1,
                                    simt=int(quantized) + int(spec.count_clamped), dma=(2, 1), block_idx=False)
     assert regions
-    assert "simd_inst::vdiv" in src and transcendental_calls(src) == []
+    assert "simd_inst::vexp" in src and "simd_inst::vdiv" in src
     if spec.with_psum:
         # The expert search reads the psum layout from global memory in scalar code.
         assert re.search(r"PSUM\[", src)

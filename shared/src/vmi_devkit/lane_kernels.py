@@ -11,17 +11,20 @@ import torch
 
 from vmi_core.compile import cached_kernel
 from vmi_core.tl import exp as E
+from vmi_core.tl import log1p as L
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import select
 
 
 def exp_parts(x):
-    """``exp``, then the fast path's value and hard flag, then the exact evaluation."""
+    """``exp_cr``, then the fast path's value and hard flag, then the exact evaluation."""
     fast, hard = E.exp_with_flag(x)
-    return E.exp(x), fast, select(hard, T.int32(1), T.int32(0)), E.exp_exact(x)
+    return E.exp_cr(x), fast, select(hard, T.int32(1), T.int32(0)), E.exp_exact(x)
 
 
-PROBES = {"exp_parts": (exp_parts, ("float32", "float32", "int32", "float32"))}
+# log1p: the value, then the parts H, M and L of the sum it rounds (meaningful for 2^-24 <= |x|, x > -1 finite)
+PROBES = {"exp_parts": (exp_parts, ("float32", "float32", "int32", "float32")),
+          "log1p": (L.log1p_with_parts, ("float32", "float32", "float32", "float32"))}
 
 
 @dataclass(frozen=True)
@@ -66,3 +69,39 @@ def run_lane_map(probe: str, x: torch.Tensor, target: str) -> list[torch.Tensor]
     outs = [torch.empty(x.shape, dtype=getattr(torch, d)) for d in dtypes]
     kernel(x.contiguous(), *outs)
     return outs
+
+
+# --- the oracle's own check ---------------------------------------------------------------------
+
+def round_f32(v) -> float:
+    """An mpmath value rounded to binary32, to nearest even, subnormals included (finite, nonzero)."""
+    import mpmath
+
+    e = int(mpmath.floor(mpmath.log(abs(v), 2)))
+    quantum = mpmath.mpf(2) ** (max(e, -126) - 23)
+    return float(mpmath.nint(v / quantum) * quantum)
+
+
+def near_boundary(y64: torch.Tensor, distance: float = 2.0**-44) -> torch.Tensor:
+    """Where a float64 result lies within ``distance`` (relative to ``max(|y64|, 2^-125)``) of a
+    binary32 rounding boundary: where it might round to another binary32 than the exact value."""
+    y32 = y64.float()
+    away = torch.nextafter(y32, torch.where(y64 > y32.double(), torch.tensor(float("inf")),
+                                            torch.tensor(-float("inf"))))
+    middle = (y32.double() + away.double()) / 2
+    return ((y64 - middle).abs() / y64.abs().clamp_min(2.0**-125) < distance) & torch.isfinite(y64) & (y64 != 0)
+
+
+def misrounded(x: torch.Tensor, y64: torch.Tensor, exact) -> tuple[int, list[tuple[int, float]]]:
+    """Settle every input whose float64 result ``y64`` is near a rounding boundary with ``exact``
+    (an mpmath function, 200 bits): ``(how many were settled, [(x bits, correctly rounded value)]``
+    for those the float64 result misrounds)."""
+    import mpmath
+
+    mpmath.mp.prec = 200
+    wrong, suspects = [], near_boundary(y64).nonzero().flatten().tolist()
+    for i in suspects:
+        value = round_f32(exact(mpmath.mpf(float(x[i]))))
+        if float(y64[i].float()) != value:
+            wrong.append((int(x.view(torch.int32)[i]) & 0xFFFFFFFF, value))
+    return len(suspects), wrong

@@ -28,6 +28,8 @@ import pytest
 
 MARKERS = (
     "slow: exhaustive sweeps, run in CI's separate bounded step",
+    "exhaustive: every binary32 input through a kernel (minutes each): only under nox -s exhaustive "
+    "(-m exhaustive), never in the default or slow runs",
     "cuda_compile: compiles generated CUDA source with nvcc",
     "block: the DeepSeek-V4-style block across the families and its expert-parallel variant (nox -s integration; "
     "also marked slow, out of the default run)",
@@ -94,9 +96,11 @@ def pytest_collection_modifyitems(config, items):
     share = config.getoption("--slow-share")
     seed = config.getoption("--slow-seed")
     kept, dropped = [], []
+    exhaustive = "exhaustive" in (config.getoption("markexpr") or "")
     for item in items:
         target = _target_of(item)
         keep = target is None or target == "torch" or target in selected
+        keep = keep and (exhaustive or item.get_closest_marker("exhaustive") is None)
         if keep and share < 1.0 and item.get_closest_marker("slow") is not None:
             keep = _in_share(item.nodeid, seed, share)
         if keep and target is not None and target != "torch" and target not in runnable:

@@ -1,4 +1,4 @@
-"""Constants of ``vmi_core.tl.exp``, written by ``vmi_core.tools.gen_exp_constants`` (mpmath,
+"""Constants of ``vmi_core.tl.exp``, written by ``vmi_core.tools.gen_constants`` (mpmath,
 one rounding to binary32 each): do not edit."""
 
 _f = float.fromhex

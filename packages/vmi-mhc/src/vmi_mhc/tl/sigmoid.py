@@ -4,7 +4,8 @@ Used for the pre and post mixes (``pre_split_mixes``) and, bit for bit, by the o
 repeat them (``head_compute_mix``, ``pre_big_fuse``). CUDA writes ``1 / (1 + exp(-z))`` and Ascend
 ``1 / (exp(0 - z) + 1)``: the same bits given the same exp (``0 - z`` and ``-z`` differ only for
 ``z = +0``, where exp gives 1 either way; the addition commutes). The exp is the correctly
-rounded one of ``vmi_core.tl.exp.exp`` (torch twin ``vmi_core.fp32.exp``) on every target.
+rounded one of ``vmi_core.tl.exp.exp`` (torch twin ``vmi_core.fp32.exp``); its subnormal results
+(``z > 87``) vanish in ``+ 1`` on every target, so the vector form's flush does not show.
 
 The division is the flavor's: IEEE on the ``cuda`` flavor; on the ``ascend`` flavor the Ascend
 vector division (``vmi_core.tl.formats.ascend_quotient``: subnormal results flushed to the zero

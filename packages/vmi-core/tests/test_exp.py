@@ -1,0 +1,103 @@
+"""The correctly rounded exp of the kernels (``vmi_core.tl.exp``), bit for bit.
+
+Reference: float64 ``exp`` rounded once to binary32 (``vmi_core.fp32.exp``), which is correctly
+rounded for every binary32 input: the exhaustive test finds every input whose float64 result lies
+within 2^-44 (relative) of a binary32 rounding boundary and settles it with mpmath at 200 bits.
+
+The default run: the inputs the fast path flags (``data/exp_hard_inputs.txt``), the special values
+and a seeded sample, through a cpu kernel (scalar lanes in a vectorized loop) and an ascend-sim
+kernel (64-lane registers in a SIMD region). ``nox -s exhaustive``: every binary32 input on cpu.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mpmath
+import pytest
+import torch
+
+from vmi_core.compile import kernel_source
+from vmi_core.tools import gen_constants
+from vmi_core.tools.source_checks import cpu_vectorized_loops, transcendental_calls
+from vmi_core.tools.testing import assert_bitwise_equal
+from vmi_devkit.lane_kernels import LaneMap, build_lane_map, misrounded, run_lane_map
+
+HARD = Path(__file__).parent / "data" / "exp_hard_inputs.txt"
+SPECIAL = (0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x00800000, 0x33000000, 0xB3800000,
+           0x3F800000, 0xBF800000, 0x42B17217, 0x42B17218, 0xC2AEAC50, 0xC2AEAC4F, 0xC2CFFFFF, 0xC2D00000,
+           0xC2D00001, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC12345, 0x7F800001)
+SAMPLE = {"cpu": 1 << 20, "ascend-sim": 1 << 14}
+
+
+def _bits(values) -> torch.Tensor:
+    return torch.tensor([v - (1 << 32) if v >= 1 << 31 else v for v in values], dtype=torch.int32)
+
+
+def hard_inputs() -> list[int]:
+    return [int(line, 16) for line in HARD.read_text().split("\n") if line and not line.startswith("#")]
+
+
+def oracle(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp(x.double()).float()
+
+
+def inputs(n: int) -> torch.Tensor:
+    """The hard inputs, the specials, then seeded random bit patterns: ``n`` floats."""
+    fixed = _bits(hard_inputs() + list(SPECIAL))
+    rest = torch.randint(-(1 << 31), 1 << 31, (n - fixed.numel(),), generator=torch.Generator().manual_seed(5),
+                         dtype=torch.int64).to(torch.int32)
+    return torch.cat([fixed, rest]).view(torch.float32)
+
+
+def check(x: torch.Tensor, target: str) -> torch.Tensor:
+    """exp, its fast path where it does not flag, and the exact path, against the oracle; returns
+    the flags."""
+    y, fast, hard, exact = run_lane_map("exp_parts", x, target)
+    want = oracle(x)
+    assert_bitwise_equal(y, want, f"exp_cr on {target}", any_nan=True)
+    assert_bitwise_equal(exact, want, f"exp_exact on {target}", any_nan=True)
+    easy = hard == 0
+    assert_bitwise_equal(fast[easy], want[easy], f"exp_with_flag's unflagged lanes on {target}", any_nan=True)
+    return hard.bool()
+
+
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
+def test_hard_special_and_sampled_inputs(target):
+    x = inputs(SAMPLE[target])
+    flagged = check(x, target)
+    listed = len(hard_inputs())
+    assert bool(flagged[:listed].all()), "every listed hard input is flagged"
+    assert not bool(flagged[listed:].any()), "no input outside the list is flagged"
+
+
+def test_constants_are_the_generators_output():
+    assert gen_constants.TARGET.read_text() == gen_constants.render()
+
+
+def test_cpu_loop_vectorizes_and_no_kernel_calls_a_library_exp():
+    spec = LaneMap("exp_parts", 1 << 16)
+    loops = cpu_vectorized_loops(kernel_source(build_lane_map, spec, "cpu", simd_parallel=False))
+    if loops is None:
+        pytest.skip("no GCC to ask")
+    assert any("i < 1024" in loop for loop in loops), loops  # the element loop
+    for target in ("cpu", "cuda", "ascend"):
+        assert transcendental_calls(kernel_source(build_lane_map, spec, target, simd_parallel=False)) == []
+
+
+# --- every input ----------------------------------------------------------------------------------
+
+CHUNK = 1 << 24
+
+
+@pytest.mark.exhaustive
+def test_every_binary32_input():
+    flagged, settled = [], 0
+    for start in range(-(1 << 31), 1 << 31, CHUNK):
+        x = torch.arange(start, start + CHUNK, dtype=torch.int64).to(torch.int32).view(torch.float32)
+        flagged += (x.view(torch.int32)[check(x, "cpu")].to(torch.int64) & 0xFFFFFFFF).tolist()
+        count, wrong = misrounded(x, torch.exp(x.double()), mpmath.exp)
+        assert wrong == [], "the float64 oracle misrounds"
+        settled += count
+    print(f"{settled} inputs near a rounding boundary settled with mpmath; {len(flagged)} flagged")
+    assert sorted(flagged) == sorted(hard_inputs())
