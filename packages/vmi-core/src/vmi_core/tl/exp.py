@@ -6,7 +6,7 @@ hardware transcendental, no float64, no table in memory (tables are select trees
 and no subnormal float arithmetic decides a result (subnormal results, overflow, NaN and ±inf come
 from integer operations on the bits), so the same source gives the same bits on cpu, cuda and the
 Ascend vector unit, with or without flush-to-zero. The torch twin is ``vmi_core.fp32.exp`` (float64
-``exp`` rounded once, itself correctly rounded for every binary32 input: docs/numerics.md).
+``exp`` rounded once, itself correctly rounded for every binary32 input: docs/core.md).
 
 Two evaluations, both branch-free:
 
@@ -234,7 +234,7 @@ def exp(x):
     flush-to-zero, a behaviour the vendor does not document. ``exp_cr`` on a ``Vec`` is verified on
     ascend-sim, but inlined at every call site its ~370 vector operations cost TileLang 10-20 s of
     Ascend lowering per mHC kernel: the SIMD kernels switch to it once its tables are registers
-    loaded once per kernel and its call sites run once per register loop (docs/numerics.md)."""
+    loaded once per kernel and its call sites run once per register loop (docs/core.md)."""
     if isinstance(x, Vec):
         return Vec(simd().vexp(x.expr))
     return exp_cr(x)
