@@ -6,14 +6,16 @@ registers in a SIMD region (what the ops' Ascend kernels run)."""
 
 from dataclasses import dataclass
 
+import pytest
 import tilelang.language as T
 import torch
 
-from vmi_core.compile import cached_kernel
+from vmi_core.compile import cached_kernel, kernel_source
 from vmi_core.tl import exp as E
 from vmi_core.tl import log1p as L
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import select
+from vmi_core.tools.source_checks import cpu_vectorized_loops, transcendental_calls
 
 
 def exp_parts(x):
@@ -69,6 +71,25 @@ def run_lane_map(probe: str, x: torch.Tensor, target: str) -> list[torch.Tensor]
     outs = [torch.empty(x.shape, dtype=getattr(torch, d)) for d in dtypes]
     kernel(x.contiguous(), *outs)
     return outs
+
+
+def assert_vectorized_without_transcendentals(probe: str) -> None:
+    """No target's source of the probe calls an exp/log-family function, and GCC vectorizes its cpu
+    element loop (skipped where there is no GCC to ask)."""
+    spec = LaneMap(probe, 1 << 16)
+    sources = {t: kernel_source(build_lane_map, spec, t, simd_parallel=False) for t in ("cpu", "cuda", "ascend")}
+    for target, src in sources.items():
+        assert transcendental_calls(src) == [], target
+    loops = cpu_vectorized_loops(sources["cpu"])
+    if loops is None:
+        pytest.skip("no GCC to ask")
+    assert any("i < 1024" in loop for loop in loops), loops  # the element loop
+
+
+def every_binary32(chunk: int = 1 << 24):
+    """Every binary32 value, in chunks of ``chunk`` consecutive bit patterns."""
+    for start in range(-(1 << 31), 1 << 31, chunk):
+        yield torch.arange(start, start + chunk, dtype=torch.int64).to(torch.int32).view(torch.float32)
 
 
 # --- the oracle's own check ---------------------------------------------------------------------
