@@ -7,7 +7,9 @@ result lies within 2^-44 of a boundary, settles it with mpmath at 200 bits, and 
 those nine are misrounded.
 
 The default run: the nine, the inputs nearest a rounding boundary, the special values and a seeded
-sample, on cpu (scalar lanes in a vectorized loop) and ascend-sim (64-lane registers).
+sample, on cpu (scalar lanes in a vectorized loop) and ascend-sim (64-lane registers). The torch twin
+``vmi_core.fp32.log1p`` (float64 ``log1p`` rounded once, with the nine written down) must give the
+same bits, here and on every input in the exhaustive run.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import mpmath
 import pytest
 import torch
 
-from vmi_core.compile import kernel_source
+from vmi_core import fp32
 from vmi_core.tools import gen_constants
-from vmi_core.tools.source_checks import cpu_vectorized_loops, transcendental_calls
 from vmi_core.tools.testing import assert_bitwise_equal
-from vmi_devkit.lane_kernels import LaneMap, build_lane_map, misrounded, round_f32, run_lane_map
+from vmi_devkit.lane_kernels import (
+    assert_vectorized_without_transcendentals,
+    every_binary32,
+    misrounded,
+    round_f32,
+    run_lane_map,
+)
 
 MISROUNDED = (0x35400003, 0x3710001B, 0x3EFD81AD, 0x41078FEB, 0x65D890D3, 0x6F31A8EC, 0xB53FFFFD, 0xB70FFFE5,
               0xBB0EC8C4)
@@ -59,6 +66,17 @@ def test_hard_special_and_sampled_inputs(target):
     x = inputs(SAMPLE[target])
     y = run_lane_map("log1p", x, target)[0]
     assert_bitwise_equal(y, oracle(x), f"log1p on {target}", any_nan=True)
+    if target == "cpu":
+        assert_bitwise_equal(fp32.log1p(x), y, "the torch twin fp32.log1p", any_nan=True)
+
+
+def test_twin_corrections_are_mpmath_values():
+    """``fp32.LOG1P_MISROUNDED`` lists the nine inputs, each with its correctly rounded result."""
+    assert sorted(fp32.LOG1P_MISROUNDED) == sorted(MISROUNDED)
+    x = _bits(MISROUNDED).view(torch.float32)
+    want = oracle(x)
+    assert_bitwise_equal(fp32.log1p(x), want, "fp32.log1p on the nine")
+    assert not bool((torch.log1p(x.double()).float() == want).any()), "float64 log1p rounded once misrounds all nine"
 
 
 def test_constants_are_the_generators_output():
@@ -66,25 +84,16 @@ def test_constants_are_the_generators_output():
 
 
 def test_cpu_loop_vectorizes_and_no_kernel_calls_a_library_log():
-    spec = LaneMap("log1p", 1 << 16)
-    loops = cpu_vectorized_loops(kernel_source(build_lane_map, spec, "cpu", simd_parallel=False))
-    if loops is None:
-        pytest.skip("no GCC to ask")
-    assert any("i < 1024" in loop for loop in loops), loops  # the element loop
-    for target in ("cpu", "cuda", "ascend"):
-        assert transcendental_calls(kernel_source(build_lane_map, spec, target, simd_parallel=False)) == []
-
-
-CHUNK = 1 << 24
+    assert_vectorized_without_transcendentals("log1p")
 
 
 @pytest.mark.exhaustive
 def test_every_binary32_input():
     settled, wrong_oracle = 0, []
-    for start in range(-(1 << 31), 1 << 31, CHUNK):
-        x = torch.arange(start, start + CHUNK, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    for x in every_binary32():
         y = run_lane_map("log1p", x, "cpu")[0]
-        assert_bitwise_equal(y, oracle(x), f"log1p from {start:#x}", any_nan=True)
+        assert_bitwise_equal(y, oracle(x), f"log1p from {float(x[0])}", any_nan=True)
+        assert_bitwise_equal(fp32.log1p(x), y, f"fp32.log1p from {float(x[0])}", any_nan=True)
         count, wrong = misrounded(x, torch.log1p(x.double()), mpmath.log1p)
         settled += count
         wrong_oracle += [bits for bits, _ in wrong]

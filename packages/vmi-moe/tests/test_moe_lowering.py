@@ -8,14 +8,22 @@ every tensor that is staged on chip (at least: the row tile; for the gate also t
 rows, the replica map and counts and the fixed experts; out: indices and weights, plus
 the logical indices and scores when requested), and persistent scheduling over the
 vector cores (``block_idx``). CUDA (cuda flavor): the source compiles with nvcc for an
-explicit arch, where nvcc is installed. A covering set runs by default; the sweeps are slow.
+explicit arch, where nvcc is installed. The gate's sources (ascend, cuda and cpu, both flavors)
+call no exp/log-family function: its sqrt-softplus uses vmi-core's correctly rounded exp and
+log1p, built from fp32 arithmetic. A covering set runs by default; the sweeps are slow.
 """
 
 import itertools
 
 import pytest
 
-from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts, nvcc_compile
+from vmi_core.tools.source_checks import (
+    assert_vector_regions,
+    barriers_in_thread_guards,
+    dma_counts,
+    nvcc_compile,
+    transcendental_calls,
+)
 from vmi_devkit.cases.moe_cases import GateCase, gate_spec
 from vmi_devkit.cuda import nvcc_compile_or_skip
 from vmi_moe.kernels.moe_topk_gate import GateSpec, build_moe_topk_gate
@@ -58,7 +66,16 @@ NORMALIZE_ASCEND = [NormalizeWeightSpec(6, "ascend"), NormalizeWeightSpec(32, "a
 @pytest.mark.parametrize("case", GATE_ASCEND_PARAMS)
 def test_gate_ascend_lowering(case: GateCase) -> None:
     spec = gate_spec(case)
-    check_ascend(build_moe_topk_gate.source(spec, "ascend"), "moe_topk_gate_kernel", expected_dma(spec))
+    src = build_moe_topk_gate.source(spec, "ascend")
+    check_ascend(src, "moe_topk_gate_kernel", expected_dma(spec))
+    assert transcendental_calls(src) == []
+
+
+def test_gate_cpu_source_calls_no_library_exp_or_log() -> None:
+    # The cuda flavor (exp and log1p; the ascend flavor's exp is in the Ascend source above); the cuda
+    # target's source is checked where it compiles (test_cuda_lowering_compiles).
+    spec = gate_spec(GateCase(16, 2, flavor="cuda"))
+    assert transcendental_calls(build_moe_topk_gate.source(spec, "cpu")) == []
 
 
 @pytest.mark.parametrize("spec", TOPK_ASCEND, ids=lambda s: f"E{s.num_experts}-K{s.num_topk}")
@@ -91,6 +108,7 @@ def test_cuda_lowering_compiles(name, source, kernel) -> None:
     src = source()
     assert "__global__ void" in src and kernel in src
     assert barriers_in_thread_guards(src) == 0
+    assert transcendental_calls(src) == []
     nvcc_compile_or_skip(src)
 
 

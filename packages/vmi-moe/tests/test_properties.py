@@ -4,9 +4,9 @@ Criteria are the existing tests' (nothing looser):
 
 * ``topk_gate`` and ``normalize_weight``: bit for bit against ``stable_topk`` / the reference
   ``normalize_weight`` (``assert_bitwise_equal``);
-* ``moe_topk_gate_forward``: the kernel's own scores fed to the reference (``unbiased_scores=``),
-  indices, weights, ``unmapped_topk_idx`` and scores bit for bit; the scores within
-  ``moe_cases.assert_scores_accurate``'s ulp bound; the reference-free token classes;
+* ``moe_topk_gate_forward``: end to end against the reference (its own scores, the torch twin's),
+  indices, weights, ``unmapped_topk_idx`` and scores bit for bit; the scores also through
+  ``moe_cases.assert_scores_exact``; the reference-free token classes;
 * ``moe_topk_gate_backward``: the spec's rtol/atol and the element-wise rounding bound of
   ``moe_backward_cases.assert_matches_reference``, +0.0 rows for unrouted tokens.
 
@@ -33,7 +33,7 @@ from vmi_devkit.cases.moe_backward_cases import FULL_CASES as BACKWARD_FULL_CASE
 from vmi_devkit.cases.moe_backward_cases import assert_matches_reference, assert_positive_zero_rows, gate_data, run
 from vmi_devkit.cases.moe_cases import (
     GateCase,
-    assert_scores_accurate,
+    assert_scores_exact,
     assert_token_classes,
     gate_inputs,
     run_kernel,
@@ -187,14 +187,14 @@ def check_gate(data, cases):
         return
     what = f"{case.id} T={T} ep_rank={ep_rank}"
     idx, weights, unmapped, sc = run_kernel(case, inp, ep_rank)
-    ref_idx, ref_w, ref_un, ref_sc = run_reference(case, inp, ep_rank, unbiased_scores=sc)
+    ref_idx, ref_w, ref_un, ref_sc = run_reference(case, inp, ep_rank)
     assert_bitwise_equal(idx, ref_idx, f"{what} topk_idx")
     assert_bitwise_equal(weights, ref_w, f"{what} topk_weights")
     if unmapped is not None:
         assert_bitwise_equal(unmapped, ref_un, f"{what} unmapped_topk_idx")
     if sc is not None:
         assert_bitwise_equal(sc, ref_sc, f"{what} scores (0 for unrouted tokens)")
-        assert_scores_accurate(sc, inp, case.flavor)
+        assert_scores_exact(sc, inp, case.flavor)
     assert_token_classes(case, inp, idx, weights, unmapped, sc)
 
 

@@ -1,11 +1,9 @@
 """The inputs, sizes and checks the ``vmi`` command uses, shared by several of vmi-moe's ops.
 
-Each op's ``Command`` (beside its ``KernelOp``) takes shapes ``(tokens, experts)``. ``topk_gate``
-and ``normalize_weight`` are checked bit for bit. The gate's scores come from ``exp``/``log1p``
-(<= 2 ulp from the reference), so ``moe_topk_gate_forward`` is checked as its tests do: scores
-and weights within a tolerance, each token's set of experts bit for bit on inputs without
-near-ties at the top-k boundary. The backward is checked against the float64 reference within
-the spec's tolerance (``close``).
+Each op's ``Command`` (beside its ``KernelOp``) takes shapes ``(tokens, experts)``. ``topk_gate``,
+``normalize_weight`` and ``moe_topk_gate_forward`` (indices, weights and scores: its scores use
+the correctly rounded exp/log1p, the reference's bits) are checked bit for bit. The backward is
+checked against the float64 reference within the spec's tolerance (``close``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """``y = sqrt(softplus(x))`` and its derivative from ``y`` as kernel macros (MoE spec §1).
 
-Each flavor keeps TileKernels' operation order, so a kernel reproduces its
-platform's bits up to the accuracy of ``exp``/``log1p`` on the target:
+Each flavor keeps TileKernels' operation order, with the correctly rounded ``exp``/``log1p`` of
+vmi-core, so a kernel gives the same bits on every target and the torch twins of
+``vmi_moe.softplus`` reproduce them:
 
 * ``cuda`` forward (§1.2): ``sqrt(x > 20 ? x : log1p(exp(x)))`` in fp32.
 * ``ascend`` forward (§1.3): ``a = exp(-|x|/2)``, a degree-8 FMA Horner polynomial
@@ -12,23 +13,27 @@ platform's bits up to the accuracy of ``exp``/``log1p`` on the target:
 
 How the pieces lower (TileLang 0.1.15, read from the generated source):
 
+* ``exp`` / ``log1p``: ``vmi_core.tl.exp.exp_cr`` and ``vmi_core.tl.log1p.log1p``, correctly
+  rounded (to nearest even, subnormal results kept) from fp32 add, sub, mul, fma, int32 operations
+  and selects, inlined at the call site: no ``expf``/``log1pf`` or other library or hardware
+  transcendental on any target (``vmi_core.tools.source_checks.transcendental_calls``). Not
+  ``vmi_core.tl.exp.exp``, which on a vector register means the Ascend ``vexp``; these macros take
+  scalar lane values only.
 * Fused multiply-add: ``T.call_pure_extern("float32", "fmaf", a, b, c)``, i.e. a call
   of ``fmaf``: C's (libm, correctly rounded) on ``cpu``, the CUDA math library's (one
   ``fma.rn.f32``) on ``cuda`` and the SIMT API's (``__fma``) in the ``__simt_vf__``
   function on ``ascend``. ``T.fma`` / ``T.ieee_fmaf`` would give ``__fmaf_rn`` on
   ``cuda`` but are unresolved calls (``tl.fma``) on ``c`` and ``ascend``.
-* ``T.exp`` / ``T.log1p`` / ``T.sqrt``: ``expf`` / ``log1pf`` / ``sqrtf`` on all three
-  targets (``cpu`` needs ``tirx.disable_vectorize``, which ``vmi_core.compile`` sets).
-  glibc's and CUDA's (non-fast-math) ``expf`` keep subnormal results, as the Ascend
-  forward needs; the Ascend SIMT ``expf`` was the bare ``__expf`` in older asc-devkit
-  releases and keeps subnormals only in newer ones (not checked here: no CANN).
+* ``T.sqrt``: ``sqrtf`` on all three targets (``cpu`` needs ``tirx.disable_vectorize``, which
+  ``vmi_core.compile`` sets): IEEE, correctly rounded (the Ascend SIMT ``sqrtf`` is assumed so:
+  vmi-core's README, "SIMT float arithmetic").
 * Constants: see ``f32_const`` (the C code generator prints fp32 literals inexactly).
 
 The macros keep their intermediates in ``T.alloc_var`` scalars and use per-element
 scalar math only, so they belong in SIMT regions (``Shell.vector("simt")``) and in
 ``T.Parallel`` loops on ``cpu``/``cuda``, not in ``T.Parallel`` SIMD bodies.
 
-The torch twins live in ``vmi_core.softplus``.
+The torch twins live in ``vmi_moe.softplus``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ from __future__ import annotations
 import tilelang.language as T
 
 from vmi_core.targets import get_flavor
+from vmi_core.tl.exp import exp_cr
 from vmi_core.tl.formats import f32_const
+from vmi_core.tl.log1p import log1p
 from vmi_core.tl.simd import fma
 
 SQRT_LN2 = 0.8325546383857727
@@ -74,10 +81,11 @@ def sqrt_softplus_forward_cuda(x):
     """CUDA flavor, spec §1.2: ``sqrt(x > 20 ? x : log1p(exp(x)))`` in fp32.
 
     Strict ``>`` 20 as ``F.softplus(x)`` (beta 1, threshold 20); ``exp(x)`` overflows
-    above ~88.7 only in the discarded branch, and underflows to 0 below ~-104.
+    above ~88.7 only in the discarded branch, and underflows to 0 below ~-104 (subnormal
+    below ~-87.3, kept). Both branches are computed, then selected.
     """
     sp = T.alloc_var(T.float32)
-    sp = T.if_then_else(x > f32_const(CUDA_THRESHOLD), x, T.log1p(T.exp(x)))
+    sp = T.if_then_else(x > f32_const(CUDA_THRESHOLD), x, log1p(exp_cr(x)))
     return T.sqrt(sp)
 
 
@@ -85,9 +93,10 @@ def sqrt_softplus_forward_cuda(x):
 def sqrt_softplus_forward_ascend(x):
     """Ascend flavor, spec §1.3 steps 1-7, in the spec's order of fp32 operations.
 
-    ``exp`` must keep subnormal results (the ``ftz_false`` flag on Ascend), ``sqrt`` is
+    ``exp`` keeps subnormal results (as the ``ftz_false`` flag on Ascend), ``sqrt`` is
     the plain square root, and ``1 / r0`` is a plain division (only an estimate is
-    needed: the Newton step and the FMA residual correct it). ``x = 0`` gives
+    needed: the Newton step and the FMA residual correct it; for ``x > 0`` it is normal,
+    so the device's flush-to-zero division gives the same bits). ``x = 0`` gives
     ``SQRT_LN2`` exactly; ``x = +inf`` gives NaN, as on the device. Unfused products
     and sums must stay unfused: on ``cuda`` (nvcc contracts by default) this flavor is
     therefore not bit-exact, which is fine since ``cuda`` always runs the cuda flavor.
@@ -100,7 +109,7 @@ def sqrt_softplus_forward_ascend(x):
     r0 = T.alloc_var(T.float32)
     rho = T.alloc_var(T.float32)
     r1 = T.alloc_var(T.float32)
-    a = T.exp(T.abs(x) * f32_const(-0.5))                    # 1. a = e^(-|x|/2)
+    a = exp_cr(T.abs(x) * f32_const(-0.5))                   # 1. a = e^(-|x|/2)
     t = a * a
     t = f32_const(1.0) - t                                   # 2. t = 1 - e^(-|x|)
     g = fma(t, horner_fma(ASCEND_P, t), f32_const(SQRT_LN2))  # 3-4. g = sqrt(ln(1 + q) / q)
@@ -125,7 +134,7 @@ def _backward(y):
     u = y * y
     h = f32_const(0.5) * y
     small = fma(u * horner_fma(BACKWARD_Q, u), h, h)   # A: (y/2) (1 + u Q(u))
-    large = ((f32_const(1.0) - T.exp(-u)) / y) * f32_const(0.5)  # B: (1 - e^(-u)) / (2y)
+    large = ((f32_const(1.0) - exp_cr(-u)) / y) * f32_const(0.5)  # B: (1 - e^(-u)) / (2y)
     return T.if_then_else(u < f32_const(1.0), small, large)
 
 
@@ -136,8 +145,9 @@ def sqrt_softplus_backward_cuda(y):
     TileKernels writes ``q = q*u + q_k`` and ``(u*q)*h + h`` and relies on nvcc's
     contraction (its backward kernel enables fast-math); the macro spells out the
     FMAs that contraction produces, so every target gives the contracted bits. Branch
-    B is ``fl(fl(fl(1 - exp(-u)) / y) * 0.5)``; under fast-math nvcc uses its
-    approximate ``exp`` and division there. ``y = 0`` gives +0.0 exactly.
+    B is ``fl(fl(fl(1 - exp(-u)) / y) * 0.5)`` with the correctly rounded ``exp`` and an
+    IEEE division (under fast-math nvcc would use its approximate ``exp`` and division
+    there). ``y = 0`` gives +0.0 exactly.
     """
     return _backward(y)
 
@@ -145,9 +155,10 @@ def sqrt_softplus_backward_cuda(y):
 @T.macro
 def sqrt_softplus_backward_ascend(y):
     """Ascend flavor, spec §1.5: explicit FMA Horner and ``fma(fl(u*q), h, h)`` for
-    ``u < 1``, else ``fl(fl(fl(1 - exp(-u)) / y) * 0.5)``. The device uses flush-to-zero
-    ``exp`` and division there; for ``u >= 1`` that only matters for ``y > 2^125``, whose
-    derivative is subnormal. ``y = 0`` gives +0.0 exactly.
+    ``u < 1``, else ``fl(fl(fl(1 - exp(-u)) / y) * 0.5)`` with the correctly rounded
+    ``exp`` and an IEEE division. The device uses flush-to-zero ``exp`` and division there;
+    for ``u >= 1`` that only matters for ``y > 2^125``, whose derivative is subnormal (kept
+    here). ``y = 0`` gives +0.0 exactly.
     """
     return _backward(y)
 
