@@ -62,8 +62,10 @@ def moe_topk_gate_baseline(op, options):
         logits, bias, mask = inputs["logits"], inputs["bias"], inputs["mask"]
         return in_row_chunks(lambda a, b: one(logits[a:b], bias, None if mask is None else mask[a:b]),
                              logits.shape[0], rows)
+    # torch's float32 softplus and sqrt are not correctly rounded: scores (and so weights) may differ
+    # from the reference's correctly rounded composition in the last bit.
     return Baseline(run, "torch ops: F.softplus(x).sqrt(), torch.topk(scores + bias), gather, w / w.sum(), "
-                         "shared experts by torch.cat, mask by torch.where")
+                         "shared experts by torch.cat, mask by torch.where", same_bits=False)
 
 
 def moe_topk_gate_backward_baseline(op, options):
