@@ -297,8 +297,9 @@ class TestFloat64:
         (auto,) = torch.autograd.grad(y64.sum(), x)
         grad = sqrt_softplus_grad_f64(y64.detach().to(torch.float32))
         assert grad.dtype == torch.float32
-        # y32 = y64 (1 + d), |d| <= 2^-24, and |d ln g / d ln y| = |2u e^-u / (1 - e^-u) - 1| <= 1;
-        # the result is rounded once more to fp32.
+        # An accuracy bound, not a bit check: the fp32 derivative from a rounded y against float64 autograd
+        # of the exact function. y32 = y64 (1 + d), |d| <= 2^-24, and |d ln g / d ln y| =
+        # |2u e^-u / (1 - e^-u) - 1| <= 1; the result is rounded once more to fp32.
         torch.testing.assert_close(grad.double(), auto, rtol=2 * 2.0**-24 + 1e-12, atol=0.0)
 
     def test_grad_f64_special_values(self):
