@@ -41,7 +41,7 @@ from .exact import (
     two_sum_error,
 )
 from .formats import f32_bits, f32_const, f32_from_bits, u32
-from .simd import Vec, bitcast, fma, select, simd
+from .simd import Vec, bitcast, fma, keep, select, simd
 
 _SHIFT = 12582912.0  # adding it leaves round(x·N/ln2) in the low mantissa bits
 _XMIN = -104.0  # e^-104 < 2^-150: below it e^x rounds to +0
@@ -238,3 +238,21 @@ def exp(x):
     if isinstance(x, Vec):
         return Vec(simd().vexp(x.expr))
     return exp_cr(x)
+
+
+def exp_each(values: list) -> list:
+    """``exp`` of several fp32 lane values through one call site.
+
+    On scalar lanes the values pass through a per-lane local array and one loop: ``exp_cr`` is a few
+    hundred operations, and inlined once per value it makes a kernel with many exps cost minutes of
+    C++/CUDA compilation (the 16 of a Sinkhorn softmax: over 100 s per kernel). ``Vec`` values each
+    take one instruction.
+    """
+    if isinstance(values[0], Vec):
+        return [keep(exp(v)) for v in values]
+    lanes = T.alloc_local((len(values),), "float32")
+    for i, v in enumerate(values):
+        T.buffer_store(lanes, v, [i])
+    with T.serial(len(values)) as i:
+        T.buffer_store(lanes, exp_cr(lanes[i]), [i])
+    return [keep(lanes[i]) for i in range(len(values))]

@@ -15,8 +15,8 @@ Per flavor (spec §3.9.2, §5.1):
   quotients to signed zero, and a residual check of the quotient's neighbours, which moves it by
   an ulp where the residuals underflow); the vector form is that division, scalar code models it
   (``vmi_core.tl.formats.ascend_quotient``);
-* ``exp(x - rowmax)``: correctly rounded (``vmi_core.tl.exp.exp``); the max of 4 is
-  order-free.
+* ``exp(x - rowmax)``: correctly rounded (``vmi_core.tl.exp.exp_each``: one call site for the
+  16 entries); the max of 4 is order-free.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import tilelang.language as T
 
 from vmi_core.tl import formats as F
-from vmi_core.tl.exp import exp
+from vmi_core.tl.exp import exp_each
 from vmi_core.tl.simd import LaneVar, Vec, keep, maximum
 
 N = 4
@@ -60,10 +60,12 @@ def divide_by(values: list, den, flavor: str) -> list:
 
 def softmax_rows(logits: list, flavor: str) -> list:
     """``exp(x - rowmax) / rowsum`` per row."""
-    out = []
+    shifted = []
     for row in rows(logits):
         peak = keep(maximum(maximum(row[0], row[1]), maximum(row[2], row[3])))
-        e = [keep(exp(x - peak)) for x in row]
+        shifted += [keep(x - peak) for x in row]
+    out = []
+    for e in rows(exp_each(shifted)):
         out += divide_by(e, sum4(e, flavor), flavor)
     return out
 
