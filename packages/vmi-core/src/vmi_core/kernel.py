@@ -5,7 +5,8 @@ hashable value, usually a frozen dataclass) for one target. Declared with ``@ker
 ``build_x`` is its ``Kernel``: still callable as the builder, and it gives everything else:
 
 * ``compiled(spec, target)``: the callable kernel, built once per process and cached on disk
-  (``vmi_core.compile.cached_kernel``; ``ascend-sim`` runs what ``ascend`` emits);
+  (``vmi_core.compile.cached_kernel``; ``ascend-sim`` runs what ``ascend`` emits); on ``cuda``
+  only a kernel whose source passed on a GPU (``vmi_core.cuda_record``);
 * ``source(spec, target)``: the generated source, no hardware needed (the Ascend lowering cached);
 * ``ascend_lowering(spec)``: the Ascend source with its launch shape and UB use;
 * ``launch_rows(spec, target, num_rows, run)``: the compiled kernel run over row ranges (threads
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from .compile import AscendLowering, cached_kernel, kernel_source, lower_ascend
 from .cpu_parallel import launch_rows
+from .cuda_record import require_verified
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,10 @@ class Kernel:
         return self.build(spec, target)
 
     def compiled(self, spec, target: str):
-        return cached_kernel(self.build, spec, target, **self.config_of(spec))
+        compiled = cached_kernel(self.build, spec, target, **self.config_of(spec))
+        if target == "cuda":
+            require_verified(self.build, spec, compiled.get_kernel_source)
+        return compiled
 
     def source(self, spec, target: str) -> str:
         return kernel_source(self.build, spec, target, **self.config_of(spec))

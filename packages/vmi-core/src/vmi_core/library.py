@@ -140,19 +140,15 @@ class Option:
         return value
 
 
-CUDA_SUPPORT = "lowers and compiles with nvcc (sm_90a); not run without a GPU"
-
-
 def support(ascend: str = "SIMD vector regions", *, cpu: str = "bit-exact against the reference in both flavors",
-            ascend_sim: str = "bit-exact against the reference (ascend flavor)",
-            cuda: str = CUDA_SUPPORT) -> dict[str, str]:
+            ascend_sim: str = "bit-exact against the reference (ascend flavor)") -> dict[str, str]:
     """An op's one-line support status per target, as ``vmi list`` and the docs show it: ``ascend``
     names the lowering's vector regions, ``cpu`` and ``ascend_sim`` what the tests found against
-    the reference."""
+    the reference. The ``cuda`` line is what the op's last GPU run showed: the registry takes it
+    from the family's record (``vmi_core.cuda_record.op_status``)."""
     return {"cpu": f"runs; {cpu}",
             "ascend": f"lowers to AscendC ({ascend}); runs on ascend-sim, not yet on an NPU",
-            "ascend-sim": f"runs the ascend source on the CPU model; {ascend_sim}",
-            "cuda": cuda}
+            "ascend-sim": f"runs the ascend source on the CPU model; {ascend_sim}"}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,12 @@ For each op ``registry.discover()`` lists:
   of its kernels on the device, the reference's time (on the CPU), GB/s, and the fraction of
   the device's copy bandwidth that is.
 
+On ``cuda`` the run ends by adding itself to each family's ``cuda_record.json``
+(``vmi_core.cuda_record``: the kernel sources every case launched, passed or not; the gate launches
+only those that passed) in ``--out``/cuda_record/ and, with ``--record-into TREE``, over the
+source tree's own; ``$VMI_DEVICECHECK_COMMIT`` names the commit tested. The workers run with the
+gate open.
+
 Option sets run in ``--jobs`` worker processes (vmi compiles one kernel at a time per process, and
 compiling is most of the time). Writes ``report.md`` and ``report.json`` to ``--out`` (rewritten
 as results come in, so a run cut short leaves what it had) and prints the summary last; exits 1
@@ -39,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from .. import __version__
+from .. import __version__, cuda_record
 from ..targets import TARGETS, device_of, resolve_flavor
 from .registry import OpInfo, discover
 
@@ -136,8 +142,10 @@ class Sweep:
         record = {"options": changed(op, options), "shape": list(shape)}
         start = time.monotonic()
         try:
-            inputs = op.make_inputs(shape, options, seed)
-            outputs = op.run(to_device(inputs, self.device), options, self.target, self.flavor)
+            with cuda_record.recording() as launched:
+                record["launched"] = launched  # the cuda kernels this case ran, for the record
+                inputs = op.make_inputs(shape, options, seed)
+                outputs = op.run(to_device(inputs, self.device), options, self.target, self.flavor)
         except ValueError as error:
             return {**record, "status": "rejected", "detail": last_line(error)}
         except Exception as error:  # noqa: BLE001 (one case must not stop the sweep)
@@ -179,6 +187,7 @@ _worker: dict = {}
 def _init_worker(target: str, quick: bool, deadline: float, t0: float, threads: int) -> None:
     global _t0
     _t0 = t0
+    os.environ[cuda_record.OPT_IN_ENV] = "1"  # the check runs the kernels the gate refuses until it passes them
     torch.set_num_threads(threads)  # the workers share the cores
     _worker.update(ops=installed_ops(), sweep=Sweep(target, deadline), quick=quick)
 
@@ -302,6 +311,7 @@ def environment(target: str, jobs: int) -> dict:
     import tilelang
 
     env = {"target": target, "vmi_core": __version__, "vmi_source": os.environ.get("VMI_DEVICECHECK_SOURCE", ""),
+           "vmi_commit": os.environ.get("VMI_DEVICECHECK_COMMIT", ""),
            "torch": torch.__version__, "tilelang": tilelang.__version__, "python": sys.version.split()[0],
            "cpu_count": os.cpu_count(), "jobs": jobs,
            "reference": f"torch on the CPU, {torch.get_num_threads()} threads"}
@@ -396,6 +406,52 @@ def write(report: dict, out: Path) -> None:
     (out / "report.md").write_text(markdown(report))
 
 
+# --- the cuda record ----------------------------------------------------------------------------
+
+def updated_records(report: dict, ops: dict[str, OpInfo]) -> dict[str, dict]:
+    """Each family's ``cuda_record.json`` with this run added: the run, each op's outcome, and each
+    kernel source the cases launched (``pass`` only if every case that launched it passed)."""
+    env = report["environment"]
+    date = datetime.date.today().isoformat()
+    run_id = f"{env['gpu'].split()[-1].lower()}-{date}-{env['vmi_commit'][:12] or 'uncommitted'}"
+    run = {"gpu": env["gpu"], "date": date, "commit": env["vmi_commit"] or None,
+           **{key: env[key] for key in ("vmi_source", "torch", "cuda", "nvcc", "tilelang", "arch")}}
+    records: dict[str, dict] = {}
+    for name, result in report["ops"].items():
+        package = f"vmi_{ops[name].family}"
+        record = records.setdefault(package, json.loads(json.dumps(cuda_record.family_record(package))))
+        record["runs"][run_id] = run
+        counted = [c for c in result["cases"] if c["status"] in ("pass", "fail", "error")]
+        bad = [c for c in counted if c["status"] != "pass"]
+        summary = f"{len(counted) - len(bad)}/{len(counted)} cases pass ({result['criterion']})"
+        if bad:
+            first = bad[0]
+            summary += f"; first {first['status']}: {first['options']} at {_fmt_shape(first['shape'])}: {_first(first)}"
+        record["ops"][name] = {"run": run_id, "summary": summary}
+        for case in counted:
+            for launch in case.get("launched", ()):
+                kernel = record["kernels"].get(launch["digest"])
+                if kernel is None or kernel["run"] != run_id:
+                    kernel = record["kernels"][launch["digest"]] = {
+                        "kernel": launch["kernel"], "spec": launch["spec"], "ops": [], "run": run_id, "result": "pass"}
+                if name not in kernel["ops"]:
+                    kernel["ops"].append(name)
+                if case["status"] != "pass" and kernel["result"] == "pass":
+                    kernel.update(result=case["status"],
+                                  detail=f"{name} {case['options']} at {_fmt_shape(case['shape'])}: {_first(case)}")
+    return records
+
+
+def write_records(records: dict[str, dict], out: Path, tree: Path | None) -> None:
+    """The records into ``out/cuda_record/`` and, given the source tree, over its packages' own."""
+    (out / "cuda_record").mkdir(exist_ok=True)
+    for package, record in records.items():
+        text = json.dumps(record, indent=1) + "\n"
+        (out / "cuda_record" / f"{package}.json").write_text(text)
+        if tree is not None:
+            (tree / "packages" / package.replace("_", "-") / "src" / package / cuda_record.RECORD_FILE).write_text(text)
+
+
 # --- main -----------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -410,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the whole run: option sets not started by 70%% of it and bench "
                              "shapes not started by its end are skipped")
     parser.add_argument("--repeat", type=int, default=30, help="timed calls per bench shape")
+    parser.add_argument("--record-into", type=Path, metavar="TREE",
+                        help="also write the cuda record over the packages' own in this source tree")
     args = parser.parse_args(argv)
 
     ops = installed_ops()
@@ -473,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report["complete"] = True
     write(report, args.out)
+    if args.target == "cuda":
+        write_records(updated_records(report, ops), args.out, args.record_into)
     log(f"wrote {args.out / 'report.md'} and report.json")
     print("\n".join(summary_table(report)), flush=True)
     bad = any(c["status"] in ("fail", "error") for r in report["ops"].values() for c in r["cases"])

@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 
 import torch
 
+from ..cuda_record import op_status
 from ..library import KERNEL_OPS, KernelOp, Option
 from ..targets import device_of, flavor_argument, resolve_flavor
 from .testing import compare_named
@@ -178,7 +179,7 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
         default_shape=command.default_shape,
         bench_shapes=command.bench_shapes,
         options=command.options,
-        targets=command.support,
+        targets={**command.support, "cuda": op_status(op.run.__module__.partition(".")[0], command.name or op.name)},
         make_inputs=command.make_inputs,
         run=lambda inputs, options, target, flavor: call(inputs, options, target, flavor_argument(target, flavor),
                                                          device_of(target)),

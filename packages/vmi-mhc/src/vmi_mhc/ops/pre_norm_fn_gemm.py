@@ -119,7 +119,6 @@ _SUPPORT = {
               "on an NPU",
     "ascend-sim": "runs the ascend source on the CPU model, Cube unit included: square sums and fn_grad bit-exact, "
                   "the Cube's sums within the stated bound of the reference",
-    "cuda": "lowers (tensor-core MMA) and compiles with nvcc (sm_90a); not run without a GPU",
 }
 _SHAPES = ((8192, 4096), (4096, 7168), (4096, 1280), (16, 4096))
 

@@ -1,0 +1,28 @@
+"""Each family's cuda record (vmi_core.cuda_record) names real ops, and `vmi list` shows it."""
+
+from __future__ import annotations
+
+from vmi_core import cuda_record
+from vmi_core.tools.registry import discover
+
+
+def test_every_family_ships_a_record_of_its_own_ops() -> None:
+    ops = {op.name: op for op in discover().values()}
+    for family in {op.family for op in ops.values()}:
+        record = cuda_record.family_record(f"vmi_{family}")
+        assert set(record) >= {"runs", "ops", "kernels"}, family
+        names = {name for name, op in ops.items() if op.family == family}
+        assert set(record["ops"]) <= names, family
+        for outcome in record["ops"].values():
+            assert outcome["run"] in record["runs"]
+        for entry in record["kernels"].values():
+            assert set(entry["ops"]) <= names and entry["run"] in record["runs"]
+            assert entry["result"] in ("pass", "fail", "error")
+
+
+def test_the_cuda_support_line_is_the_records() -> None:
+    ops = discover()
+    assert "6 of 33 cases correct" in ops["per_token_cast"].targets["cuda"]
+    assert "never run on a GPU, so launches are refused" in ops["mhc_post_fwd"].targets["cuda"]
+    for op in ops.values():
+        assert op.targets["cuda"] == cuda_record.op_status(f"vmi_{op.family}", op.name)
