@@ -122,7 +122,7 @@ class TestCache:
 class TestConfig:
     def test_pass_configs(self):
         assert pass_configs("cpu") == {"tirx.disable_vectorize": True}
-        assert pass_configs("cuda") == {}
+        assert pass_configs("cuda") == {"tl.device_compile_flags": ["--fmad=false"]}
         assert pass_configs("ascend") == {"tl.force_let_inline": True}
         assert pass_configs("ascend", simd_parallel=False) == {}
         assert pass_configs("ascend", simd_parallel=False, simt_8bit=True) == {"tirx.disable_vectorize": True}

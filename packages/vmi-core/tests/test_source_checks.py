@@ -6,6 +6,10 @@ snippets pin down the parsing (brace matching, comments, literals, declarations)
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from vmi_core.tools.source_checks import (
@@ -169,3 +173,28 @@ def test_barriers_in_thread_guards():
     assert barriers_in_thread_guards("if (x < 3) { __syncthreads(); }") == 0
     with pytest.raises(AssertionError, match="2 barrier"):
         assert_vector_regions(GUARDED.replace("{\n  asc_syncthreads();", "{", 1) + "asc_vf_call<k_simt_vf_0>(1);")
+
+
+def test_the_cuda_build_does_not_contract_a_product_and_a_sum():
+    """nvcc fuses ``a * b + c`` into one FMA by default; vmi's cuda build (``CUDA_COMPILE_FLAGS``, the
+    pass configs' device flags and the library build's) rounds both, as the cpu build and the
+    references do. The control shows this nvcc does contract without the flags."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        pytest.skip("nvcc (CUDA toolkit) is not installed")
+    from vmi_core.compile import CUDA_COMPILE_FLAGS, pass_configs
+
+    assert pass_configs("cuda")["tl.device_compile_flags"] == list(CUDA_COMPILE_FLAGS)
+    src = 'extern "C" __global__ void k(float* y, const float* a, const float* b, const float* c) {\n' \
+          "  y[0] = a[0] * b[0] + c[0];\n}\n"
+
+    def ptx(*flags: str) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            cu = Path(tmp) / "k.cu"
+            cu.write_text(src)
+            subprocess.run([nvcc, "--ptx", "-arch=sm_90", *flags, str(cu), "-o", str(Path(tmp) / "k.ptx")], check=True)
+            return (Path(tmp) / "k.ptx").read_text()
+
+    assert "fma.rn.f32" in ptx()
+    built = ptx(*CUDA_COMPILE_FLAGS)
+    assert "fma.rn.f32" not in built and "mul.rn.f32" in built and "add.rn.f32" in built

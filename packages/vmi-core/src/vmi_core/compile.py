@@ -60,6 +60,10 @@ CPU_ARCH_ENV = "VMI_CPU_ARCH"
 # passes, which turn the encoders' select chains into branches it cannot if-convert, are off.
 CPU_COMPILE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fno-tree-vrp",
                      "-fno-tree-dominator-opts")
+# The same bits on a GPU: nvcc contracts a*b + c into an FMA unless told not to; the flavors' fixed
+# operation orders and the error-free transformations of tl.exact need every product and sum
+# rounded as written (fmaf stays fused).
+CUDA_COMPILE_FLAGS = ("--fmad=false",)
 # x86-64 microarchitecture levels (psABI) and the /proc/cpuinfo flags each one needs.
 X86_LEVELS = (
     ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
@@ -107,7 +111,7 @@ def pass_configs(target: str, *, simd_parallel: bool = True, simt_8bit: bool = F
     if target == "cpu":
         return {"tirx.disable_vectorize": True}
     if target == "cuda":
-        return {}
+        return {"tl.device_compile_flags": list(CUDA_COMPILE_FLAGS)}
     if target == "ascend":
         config = {}
         if simd_parallel:
@@ -180,7 +184,7 @@ def cpu_compile_flags() -> tuple[str, ...]:
 
 def cache_key() -> str:
     """What, besides the kernel itself, decides a cached binary's contents."""
-    rules = repr((CPU_LOWERING_RULES, cpu_compile_flags()))
+    rules = repr((CPU_LOWERING_RULES, cpu_compile_flags(), CUDA_COMPILE_FLAGS))
     identity = f"{__version__}|{tilelang.__version__}|{rules}|{toolchain_identity()}"
     return f"vmi-{__version__}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
@@ -341,6 +345,8 @@ def _compile(func, target: str, **config) -> tuple[object, list[Path]]:
     kwargs = {}
     if target == "cpu":
         kwargs["compile_flags"] = list(cpu_compile_flags())
+    if target == "cuda":  # the library build's nvcc call (the pass config is the device build's)
+        kwargs["compile_flags"] = list(CUDA_COMPILE_FLAGS)
     with _tilelang_cache():
         kernel = tilelang.compile(func, target=tvm_target(target), pass_configs=pass_configs(target, **config),
                                   **kwargs)

@@ -238,11 +238,13 @@ def nvcc_compile(src: str, arch: str = "sm_90a", timeout: float = 600.0) -> None
         raise FileNotFoundError("nvcc not found (neither on PATH nor in $CUDA_HOME/bin)")
     import tilelang
 
+    from ..compile import CUDA_COMPILE_FLAGS
+
     includes = [p for p in (tilelang.env.TILELANG_TEMPLATE_PATH, tilelang.env.CUTLASS_INCLUDE_DIR) if p]
     with tempfile.TemporaryDirectory(prefix="vmi-nvcc-") as tmp:
         cu = Path(tmp) / "k.cu"
         cu.write_text(src)
-        cmd = [nvcc, "-std=c++17", "-w", "--cubin", str(cu), "-o", str(Path(tmp) / "k.cubin"),
+        cmd = [nvcc, "-std=c++17", "-w", "--cubin", str(cu), "-o", str(Path(tmp) / "k.cubin"), *CUDA_COMPILE_FLAGS,
                "-gencode", f"arch=compute_{number},code=sm_{number}", *(f"-I{path}" for path in includes)]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
