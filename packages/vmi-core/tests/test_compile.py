@@ -26,7 +26,7 @@ from vmi_core.compile import compile_kernel, cuda_arch, lower, pass_configs
 from vmi_core.tl.shell import Shell
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts, region_report
 from vmi_core.tools.testing import assert_bitwise_equal
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 
 BM = 16
 N = 64  # a multiple of 64: the innermost extent Ascend SIMD needs for fp32
@@ -211,7 +211,7 @@ def test_shell_kernel_lowers_for_ascend():
 def test_shell_kernel_lowers_and_compiles_for_cuda():
     src = lower(build_shell_kernel("cuda"), "cuda")
     assert "__global__" in src
-    nvcc_compile_or_skip(src, cuda_arch())
+    check_cuda_source(src, cuda_arch())
 
 
 # --- SIMD regions -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from vmi_core.tools.source_checks import (
     Region,
     assert_vector_regions,
     barriers_in_thread_guards,
+    cuda_shared_memory_problems,
     dma_counts,
     nvcc_compile,
     nvcc_path,
@@ -198,3 +199,33 @@ def test_the_cuda_build_does_not_contract_a_product_and_a_sum():
     assert "fma.rn.f32" in ptx()
     built = ptx(*CUDA_COMPILE_FLAGS)
     assert "fma.rn.f32" not in built and "mul.rn.f32" in built and "add.rn.f32" in built
+
+
+_DYNAMIC = """extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
+  void* x = ((void*)((char*)buf_dyn_shmem + 0));
+  void* q = ((void*)((char*)buf_dyn_shmem + {q}));
+  tl::tma_store(OUT_desc, (&(((uchar*)q)[{index}])), k0, row0);
+  tl::tma_store((&(G[0])), (&(((float*)x)[(i * 4)])), 64);
+"""
+
+
+@pytest.mark.parametrize(("q", "index", "problem"), [
+    (8192, "0", None),
+    (8320, "(i_3 * 128)", None),
+    (8256, "0", "TMA tile q at shared offset 8256 is not 128-byte aligned"),
+    (8192, "(i_3 * 64)", "TMA box q[(i_3 * 64)] is not 128-byte aligned"),
+    (8192, "k", "TMA box q[k] is not 128-byte aligned"),
+])
+def test_tma_tiles_must_sit_at_their_alignment(q, index, problem):
+    # The descriptor-free bulk copy of x (16 bytes a step) needs only 16-byte alignment.
+    problems = cuda_shared_memory_problems(_DYNAMIC.format(q=q, index=index))
+    assert problems == ([] if problem is None else [f"line 4: {problem}"])
+
+
+def test_static_shared_arrays_are_flagged_as_tma_tiles_and_over_48_kb():
+    src = ("__shared__ __align__(16) float x[12288];\n__shared__ __align__(16) uchar q[4096];\n"
+           "tl::tma_store(OUT_desc, (&(q[0])), k0, row0);\n")
+    assert cuda_shared_memory_problems(src) == [
+        "53248 bytes of static shared memory (over 49152)",
+        "line 3: TMA tile q is a static shared array (alignment not guaranteed)"]
+    assert cuda_shared_memory_problems("__shared__ __align__(16) float x[12288];\n") == []

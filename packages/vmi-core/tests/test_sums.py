@@ -26,7 +26,7 @@ from vmi_core.tl.exp import exp as exp_lanes
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tools.source_checks import assert_vector_regions, transcendental_calls
 from vmi_core.tools.testing import assert_bitwise_equal
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 
 ROWS, COLS = 8, 448  # 7 chunks of 64 lanes
 
@@ -178,4 +178,4 @@ def test_lowers_and_compiles_for_cuda():
     src = kernel_source(build_sums, (ROWS, COLS), "cuda")
     # vmi's exp from fp32 arithmetic, not CUDA's exp, expf or __expf.
     assert transcendental_calls(src) == []
-    nvcc_compile_or_skip(src, cuda_arch())
+    check_cuda_source(src, cuda_arch())

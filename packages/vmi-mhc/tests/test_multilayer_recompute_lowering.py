@@ -14,7 +14,7 @@ import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
 from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_mhc.kernels.multilayer_recompute import MultilayerRecomputeSpec, build_multilayer_recompute
 
 # The default spec is the one test_multilayer_recompute runs on ascend-sim (its lowering is shared).
@@ -57,4 +57,4 @@ def test_cuda_compiles():
     src = build_multilayer_recompute.source(MultilayerRecomputeSpec(4, 1000, 3, 2, "cuda"), "cuda")
     assert "__global__ void" in src and "multilayer_recompute_kernel" in src
     assert barriers_in_thread_guards(src) == 0
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)

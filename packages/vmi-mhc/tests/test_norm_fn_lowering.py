@@ -16,7 +16,7 @@ import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_mhc.kernels.norm_fn import (
     MAX_MIX,
@@ -93,4 +93,4 @@ def test_cuda_reduce_kernels_compile():
                                          (build_reduce_fwd.source, REDUCE_CUDA)],
                          ids=["merge_fwd", "merge_bwd", "reduce_fwd"])
 def test_cuda_kernels_compile_more(source, spec):
-    nvcc_compile_or_skip(source(spec, "cuda"))
+    check_cuda_source(source(spec, "cuda"))

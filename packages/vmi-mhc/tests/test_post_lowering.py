@@ -17,7 +17,7 @@ import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
 from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_mhc.kernels.post import PostBackwardSpec, PostForwardSpec, build_post_bwd, build_post_fwd
 
 # The default specs are those test_post runs on ascend-sim (their lowering is shared).
@@ -73,7 +73,7 @@ def test_ascend_backward_more(hidden):
 def _check_cuda(name, src):
     assert "__global__ void" in src and name in src
     assert barriers_in_thread_guards(src) == 0
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
 
 
 @pytest.mark.cuda_compile

@@ -18,7 +18,7 @@ import re
 import pytest
 
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_mhc.kernels.pre_norm_fn_gemm import (
     ASCEND_AI_CORES,
     GemmSpec,
@@ -81,7 +81,7 @@ def test_ascend_operand_kernel():
 def test_cuda_forward_compiles():
     src = build_gemm_fwd.source(FWD, "cuda")
     assert "tl::mma_sync<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
 
 
 @pytest.mark.slow
@@ -89,13 +89,13 @@ def test_cuda_forward_compiles():
 def test_cuda_backward_compiles():
     src = build_gemm_bwd.source(BWD, "cuda")
     assert "tl::mma_sync<tl::DataType::kBFloat16, tl::DataType::kBFloat16, tl::DataType::kFloat32" in src
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
 
 
 @pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_operand_kernel_compiles():
-    nvcc_compile_or_skip(build_tf32_split.source(Tf32SplitSpec(), "cuda"))
+    check_cuda_source(build_tf32_split.source(Tf32SplitSpec(), "cuda"))
 
 
 @pytest.mark.slow

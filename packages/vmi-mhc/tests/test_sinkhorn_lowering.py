@@ -14,7 +14,7 @@ checks the backward's Ascend source and compiles the forward's CUDA source; the 
 import pytest
 
 from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_mhc.kernels.sinkhorn import SinkhornSpec, build_sinkhorn_backward, build_sinkhorn_forward
 from vmi_mhc.tl.sinkhorn import ENTRIES, N
 
@@ -58,4 +58,4 @@ def test_cuda_lowering_compiles(direction: str) -> None:
     src = source(SinkhornSpec("cuda"), "cuda")
     assert "__global__ void" in src and kernel in src
     assert barriers_in_thread_guards(src) == 0
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)

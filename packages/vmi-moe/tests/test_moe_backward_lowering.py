@@ -21,7 +21,7 @@ from vmi_core.tools.source_checks import (
     dma_counts,
     transcendental_calls,
 )
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_moe.kernels.moe_topk_gate_backward import GateBackwardSpec, build_moe_topk_gate_backward
 
 
@@ -73,12 +73,12 @@ def test_ascend_lowering_full(spec: GateBackwardSpec):
     check_ascend_source(build_moe_topk_gate_backward.source(spec, "ascend"), spec)
 
 
-def check_cuda_source(spec: GateBackwardSpec) -> None:
+def check_gate_backward_cuda(spec: GateBackwardSpec) -> None:
     src = build_moe_topk_gate_backward.source(spec, "cuda")
     assert "__global__" in src and "moe_topk_gate_backward_kernel" in src
     assert barriers_in_thread_guards(src) == 0
     assert transcendental_calls(src) == []
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
 
 
 def test_cpu_source_calls_no_library_exp():
@@ -91,7 +91,7 @@ def test_cpu_source_calls_no_library_exp():
 @pytest.mark.parametrize("spec", [GateBackwardSpec(72, 6, "cuda", True), GateBackwardSpec(384, 8, "cuda", False)],
                          ids=spec_id)
 def test_cuda_lowering_compiles(spec: GateBackwardSpec):
-    check_cuda_source(spec)
+    check_gate_backward_cuda(spec)
 
 
 @pytest.mark.slow
@@ -99,4 +99,4 @@ def test_cuda_lowering_compiles(spec: GateBackwardSpec):
 @pytest.mark.parametrize("spec", [GateBackwardSpec(e, k, "cuda", aux) for e, k in [(36, 32), (256, 8), (8, 1)]
                                   for aux in (False, True)], ids=spec_id)
 def test_cuda_lowering_compiles_all(spec: GateBackwardSpec):
-    check_cuda_source(spec)
+    check_gate_backward_cuda(spec)

@@ -25,7 +25,7 @@ from vmi_core.tools.source_checks import (
     transcendental_calls,
 )
 from vmi_devkit.cases.moe_cases import GateCase, gate_spec
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_moe.kernels.moe_topk_gate import GateSpec, build_moe_topk_gate
 from vmi_moe.kernels.normalize_weight import NormalizeWeightSpec, build_normalize_weight
 from vmi_moe.kernels.topk_gate import TopkGateSpec, build_topk_gate
@@ -109,7 +109,7 @@ def test_cuda_lowering_compiles(name, source, kernel) -> None:
     assert "__global__ void" in src and kernel in src
     assert barriers_in_thread_guards(src) == 0
     assert transcendental_calls(src) == []
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
 
 
 # --- sweeps ------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def test_normalize_weight_ascend_lowering_full(K: int) -> None:
                          + [GateCase(72, 1, S=1, dup=1, flavor="cuda", mask=True, force=True)], ids=lambda c: c.id)
 def test_gate_cuda_lowering_compiles_all(case: GateCase) -> None:
     src = build_moe_topk_gate.source(gate_spec(case), "cuda")
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
     src = build_normalize_weight.source(NormalizeWeightSpec(case.K, "cuda"), "cuda")
     nvcc_compile(src)
     nvcc_compile(build_topk_gate.source(TopkGateSpec(case.E, case.K), "cuda"))

@@ -25,7 +25,7 @@ from vmi_core.compile import cached_kernel, cuda_arch, kernel_source
 from vmi_core.tl.shell import Shell
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts, transcendental_calls
 from vmi_core.tools.testing import assert_bitwise_equal
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_moe.softplus import (
     sqrt_softplus,
     sqrt_softplus_f64,
@@ -373,4 +373,4 @@ def test_lowers_and_compiles_for_cuda(direction, flavor):
     assert transcendental_calls(src) == []
     for call in EXPECTED_CALLS[direction]:
         assert call in src
-    nvcc_compile_or_skip(src, cuda_arch())
+    check_cuda_source(src, cuda_arch())

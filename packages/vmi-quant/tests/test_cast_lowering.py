@@ -14,7 +14,7 @@ import pytest
 
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_devkit.cases.cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, CAST_SPECS, case_id, cast_back_spec
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_quant.kernels.cast import CastSpec, build_cast
 from vmi_quant.kernels.cast_back import build_cast_back
@@ -96,4 +96,4 @@ ALL_CUDA = ([(_cast_id(s), lambda s=s: build_cast.source(s, "cuda")) for s in CA
 @pytest.mark.parametrize("name,source", ALL_CUDA, ids=[n for n, _ in ALL_CUDA])
 def test_cuda_lowering_compiles_all(name, source):
     src = source()
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)

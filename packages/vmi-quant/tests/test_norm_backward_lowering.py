@@ -16,7 +16,7 @@ import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_quant.kernels.norm_backward import (
     NormBackwardSpec,
@@ -86,7 +86,7 @@ def test_cuda_row_kernel_compiles(spec):
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("spec", MORE_CUDA_ROW_SPECS, ids=_id)
 def test_cuda_row_kernel_compiles_more(spec):
-    nvcc_compile_or_skip(build_norm_backward.source(spec, "cuda"))
+    check_cuda_source(build_norm_backward.source(spec, "cuda"))
 
 
 @pytest.mark.slow

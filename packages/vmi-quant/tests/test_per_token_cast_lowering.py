@@ -14,7 +14,7 @@ import pytest
 from vmi_core.targets import get_flavor
 from vmi_core.tools.source_checks import assert_vector_regions, cpu_vectorized_loops, dma_counts
 from vmi_devkit.cases.ptc_cases import COVERING, FULL, SF_MODES
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_quant.kernels.per_token_cast import QuantInput, build_per_token_cast
 from vmi_quant.ops.per_token_cast import PerTokenCastOptions, make_spec
 from vmi_quant.options import SFOptions
@@ -100,7 +100,7 @@ CUDA_PARAMS = [pytest.param(name, spec, id=name, marks=[] if i == 0 else [pytest
 def test_cuda_lowering_compiles(name, spec):
     src = build_per_token_cast.source(spec, "cuda")
     assert "__global__ void" in src and "per_token_cast_kernel" in src
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ def test_cuda_lowering_compiles(name, spec):
 @pytest.mark.parametrize("name,spec", ASCEND_CASES, ids=[n for n, _ in ASCEND_CASES])
 def test_cuda_lowering_compiles_all(name, spec):
     src = build_per_token_cast.source(spec, "cuda")
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])

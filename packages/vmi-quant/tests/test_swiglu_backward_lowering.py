@@ -15,7 +15,7 @@ import pytest
 
 from vmi_core.targets import get_flavor
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_quant.kernels.swiglu_backward import build_swiglu_backward
 from vmi_quant.ops.swiglu_backward import make_spec
 from vmi_quant.sf_layout import SFLayout
@@ -87,7 +87,7 @@ def _check_cuda(case):
     assert "__global__ void" in src and "swiglu_backward_kernel" in src
     # The cuda flavor's fused 1 + a'(1 - s) and the weight-gradient row sums.
     assert "fmaf" in src or "__fmaf_rn" in src
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)
 
 
 @pytest.mark.cuda_compile

@@ -17,7 +17,7 @@ import torch
 from vmi_core.targets import get_flavor
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_core.tools.testing import assert_bitwise_equal, randn
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 from vmi_devkit.errors import forbid_kernels
 from vmi_quant.kernels.swiglu_forward_and_per_channel_cast_and_transpose import build_swiglu_per_channel
 from vmi_quant.ops.swiglu_forward_and_per_channel_cast_and_transpose import (
@@ -150,4 +150,4 @@ def test_ascend_lowering(case):
 def test_cuda_lowering_compiles():
     src = build_swiglu_per_channel.source(_spec((128, True, False, 10.0, "cuda")), "cuda")
     assert "__global__ void" in src
-    nvcc_compile_or_skip(src)
+    check_cuda_source(src)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
-from vmi_devkit.cuda import nvcc_compile_or_skip
+from vmi_devkit.cuda import check_cuda_source
 
 
 def assert_ascend_kernel(src: str, kernel: str, *, simd: int, simt: int, dma: tuple[int, int] | None = None,
@@ -31,7 +31,7 @@ def assert_cuda_compiles(src: str, kernel: str, arch: str = "sm_90a") -> None:
     """``src`` declares a CUDA ``__global__`` kernel named ``kernel`` and compiles with nvcc (skipped
     where nvcc is missing)."""
     assert "__global__ void" in src and kernel in src
-    nvcc_compile_or_skip(src, arch)
+    check_cuda_source(src, arch)
 
 
 def case_table_tests(check_ascend: Callable, check_cuda: Callable, *, covering: Sequence, lowering: Sequence,

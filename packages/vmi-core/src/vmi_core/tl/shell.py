@@ -92,10 +92,17 @@ class Shell:
                                  num_stages=num_stages if self.is_ascend else 0)
 
     def tile(self, shape, dtype):
-        """An on-chip tile (UB on Ascend, shared memory on CUDA, a stack array on CPU)."""
+        """An on-chip tile (UB on Ascend, shared memory on CUDA, a stack array on CPU).
+
+        On CUDA every tile is a slice of the one dynamic shared-memory buffer, which TileLang places
+        at 1024-byte aligned offsets: a tile copied to global memory by a TMA store from a swizzled
+        layout must be, and static ``__shared__`` arrays are packed wherever ptxas puts them (the
+        H200's wrong scales and misaligned-address faults). Dynamic memory also lifts the 48 KB
+        static limit of some architectures (the launch opts in to the kernel's size).
+        """
         if self.is_ascend:
             return self.T.alloc_shared(shape, dtype)
-        return self.T.alloc_shared(shape, dtype, scope="shared")
+        return self.T.alloc_shared(shape, dtype, scope="shared.dyn" if self.is_cuda else "shared")
 
     def vector(self, kind: str = SIMT):
         """The vector region a body runs in; ``kind`` is ``"simd"`` or ``"simt"`` on Ascend.

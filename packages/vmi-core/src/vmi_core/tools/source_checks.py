@@ -208,6 +208,87 @@ def transcendental_calls(src: str) -> list[str]:
 
 # --- CUDA ---------------------------------------------------------------------------------------
 
+# CUDA shared memory: a TMA transfer through a tensor descriptor needs its shared address 128-byte
+# aligned, and 1024-byte aligned for the 128-byte swizzle; a bulk copy without a descriptor needs
+# 16. The swizzle is in the host's descriptor, not in the kernel source: TileLang places a swizzled
+# tile of the dynamic shared-memory buffer at its swizzle's alignment (its smem alignment map), which
+# static ``__shared__`` arrays do not get. Some architectures cap static shared memory at 48 KB.
+TMA_ALIGNMENT = 128
+BULK_COPY_ALIGNMENT = 16
+STATIC_SHARED_LIMIT = 48 * 1024
+_ELEMENT_BYTES = {"uchar": 1, "char": 1, "signed char": 1, "int8_t": 1, "uint8_t": 1, "bool": 1,
+                  "ushort": 2, "short": 2, "half_t": 2, "bfloat16_t": 2, "int16_t": 2, "uint16_t": 2,
+                  "float": 4, "int": 4, "uint": 4, "int32_t": 4, "uint32_t": 4,
+                  "double": 8, "int64_t": 8, "uint64_t": 8}
+_STATIC_SHARED = re.compile(r"__shared__\s+(?:__align__\(\d+\)\s+)?([\w ]+?)\s+(\w+)\[(\d+)\];")
+_DYNAMIC_TILE = re.compile(r"void\*\s+(\w+)\s*=\s*\(\(void\*\)\(\(char\*\)buf_dyn_shmem\s*\+\s*(\d+)\)\);")
+_TILE_ELEMENT = re.compile(r"\(&\((?:\(\((\w+)\*\))?(\w+)\)?\[(.*)\]\)\)")
+
+
+def _split_arguments(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()]
+
+
+def _index_bytes_alignment(index: str, element: int) -> int:
+    """The largest power of two (up to ``TMA_ALIGNMENT``) that every value of the element index ``index``
+    times ``element`` bytes is a multiple of: a literal or ``(var * K)``; 1 when it cannot tell."""
+    index = index.strip()
+    while index.startswith("(") and _matching(index, 0, "(", ")") == len(index) - 1:
+        index = index[1:-1].strip()
+    if index.isdigit():
+        value = int(index) * element
+    elif (product := re.fullmatch(r"\w+\s*\*\s*(\d+)", index)) is not None:
+        value = int(product.group(1)) * element
+    else:
+        return 1
+    return TMA_ALIGNMENT if value == 0 else min(value & -value, TMA_ALIGNMENT)
+
+
+def cuda_shared_memory_problems(src: str) -> list[str]:
+    """What in a CUDA kernel source breaks the shared-memory rules above: static ``__shared__``
+    arrays over ``STATIC_SHARED_LIMIT`` in all, and each ``tl::tma_*`` whose shared tile is a static
+    array (placed wherever ptxas packs it) or sits at an offset short of its alignment."""
+    problems = []
+    static = {}
+    for dtype, name, count in _STATIC_SHARED.findall(src):
+        if dtype not in _ELEMENT_BYTES:
+            problems.append(f"static shared array {name}: unknown element type {dtype!r}")
+            continue
+        static[name] = (_ELEMENT_BYTES[dtype], int(count))
+    static_bytes = sum(element * count for element, count in static.values())
+    if static_bytes > STATIC_SHARED_LIMIT:
+        problems.append(f"{static_bytes} bytes of static shared memory (over {STATIC_SHARED_LIMIT})")
+    dynamic = {name: int(offset) for name, offset in _DYNAMIC_TILE.findall(src)}
+    for call in re.finditer(r"tl::tma_(?:load|store)\w*\(", src):
+        args = _split_arguments(src[call.end():_matching(src, call.end() - 1, "(", ")")])
+        need = TMA_ALIGNMENT if args[0].endswith("_desc") else BULK_COPY_ALIGNMENT
+        for arg in args:
+            tile = _TILE_ELEMENT.fullmatch(arg)
+            if tile is None or (tile.group(2) not in static and tile.group(2) not in dynamic):
+                continue
+            cast, name, index = tile.groups()
+            line = src[:call.start()].count("\n") + 1
+            if name in static:
+                problems.append(f"line {line}: TMA tile {name} is a static shared array (alignment not guaranteed)")
+                continue
+            element = _ELEMENT_BYTES.get(cast, 1) if cast else 1
+            if dynamic[name] % need:
+                problems.append(f"line {line}: TMA tile {name} at shared offset {dynamic[name]} "
+                                f"is not {need}-byte aligned")
+            elif _index_bytes_alignment(index, element) < need:
+                problems.append(f"line {line}: TMA box {name}[{index}] is not {need}-byte aligned")
+    return problems
+
+
 def nvcc_path() -> str | None:
     """The ``nvcc`` on ``PATH``, else ``$CUDA_HOME/bin/nvcc`` if it exists, else None."""
     found = shutil.which("nvcc")

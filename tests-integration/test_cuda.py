@@ -1,9 +1,17 @@
-"""Each family's cuda record (vmi_core.cuda_record) names real ops, and `vmi list` shows it."""
+"""The cuda target of every op: each family's record (vmi_core.cuda_record) names real ops and
+`vmi list` shows it; every kernel's generated source keeps the shared-memory rules a GPU enforces."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from vmi_core import cuda_record
 from vmi_core.tools.registry import discover
+from vmi_core.tools.source_checks import cuda_shared_memory_problems
+
+OPS = sorted({op.name for op in discover().values()})
 
 
 def test_every_family_ships_a_record_of_its_own_ops() -> None:
@@ -26,3 +34,16 @@ def test_the_cuda_support_line_is_the_records() -> None:
     assert "never run on a GPU, so launches are refused" in ops["mhc_post_fwd"].targets["cuda"]
     for op in ops.values():
         assert op.targets["cuda"] == cuda_record.op_status(f"vmi_{op.family}", op.name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OPS)
+def test_every_kernel_keeps_the_shared_memory_rules(name: str) -> None:
+    """At the default options: TMA tiles aligned in dynamic shared memory, no static shared memory
+    over 48 KB (the lowering tests check the options they cover the same way)."""
+    op = discover()[name]
+    source = op.source({o.name: o.default for o in op.options}, "cuda", None)
+    kernels = re.split(r"^// vmi source: ", source, flags=re.MULTILINE)[1:]
+    assert kernels
+    for kernel in kernels:
+        assert cuda_shared_memory_problems(kernel) == [], kernel.splitlines()[0]
