@@ -52,10 +52,11 @@ def check_ascend_source(src: str, spec: GateBackwardSpec) -> None:
     assert transcendental_calls(src) == []
 
 
-# With and without the auxiliary term: the specialisations the ascend-sim tests run by default
-# (moe_backward_cases.SIM_CASES), whose lowering is cached on disk (each takes ~20 s).
-@pytest.mark.parametrize("spec", [GateBackwardSpec(384, 8, "ascend", has_aux=False),
-                                  GateBackwardSpec(72, 6, "ascend", has_aux=True)], ids=["noaux", "aux"])
+# With and without the auxiliary term: the specialisations the ascend-sim tests run (by default
+# moe_backward_cases.SIM_CASES, the aux one), whose lowering is cached on disk (each takes ~16 s).
+@pytest.mark.parametrize("spec", [
+    pytest.param(GateBackwardSpec(384, 8, "ascend", has_aux=False), id="noaux", marks=pytest.mark.slow),
+    pytest.param(GateBackwardSpec(72, 6, "ascend", has_aux=True), id="aux")])
 def test_ascend_lowering(spec: GateBackwardSpec):
     check_ascend_source(build_moe_topk_gate_backward.source(spec, "ascend"), spec)
 
