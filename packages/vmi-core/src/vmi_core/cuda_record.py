@@ -89,16 +89,18 @@ def require_verified(build, spec, source: Callable[[], str]) -> None:
     ``source()`` gives, if that source has not passed on a GPU, unless ``VMI_CUDA_UNVERIFIED=1``;
     tell the active ``recording()`` blocks that it launches."""
     key = (build.__module__, build.__qualname__, spec)
+    if not _recordings and (key in _passed or opted_in()):
+        return
+    package = family_package(build)
+    digest = source_digest(source())
     if _recordings:
-        launch = {"package": family_package(build), "kernel": f"{build.__module__}.{build.__qualname__}",
-                  "spec": repr(spec), "digest": source_digest(source())}
+        launch = {"package": package, "kernel": f"{build.__module__}.{build.__qualname__}", "spec": repr(spec),
+                  "digest": digest}
         with _recordings_lock:
             for launched in _recordings:
                 launched.append(launch)
     if key in _passed or opted_in():
         return
-    package = family_package(build)
-    digest = source_digest(source())
     entry = family_record(package)["kernels"].get(digest)
     if entry is not None and entry["result"] == "pass":
         _passed.add(key)

@@ -179,7 +179,7 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
         default_shape=command.default_shape,
         bench_shapes=command.bench_shapes,
         options=command.options,
-        targets={**command.support, "cuda": op_status(op.run.__module__.partition(".")[0], command.name or op.name)},
+        targets={**command.support, "cuda": op_status(f"vmi_{op.family}", command.name or op.name)},
         make_inputs=command.make_inputs,
         run=lambda inputs, options, target, flavor: call(inputs, options, target, flavor_argument(target, flavor),
                                                          device_of(target)),
