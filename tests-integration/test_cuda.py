@@ -8,8 +8,9 @@ import re
 import pytest
 
 from vmi_core import cuda_record
+from vmi_core.compile import kernel_requests
 from vmi_core.tools.registry import discover
-from vmi_core.tools.source_checks import cuda_shared_memory_problems
+from vmi_core.tools.source_checks import SHARED_LIMIT, cuda_dynamic_shared_bytes, cuda_shared_memory_problems
 
 OPS = sorted({op.name for op in discover().values()})
 
@@ -40,10 +41,16 @@ def test_the_cuda_support_line_is_the_records() -> None:
 @pytest.mark.parametrize("name", OPS)
 def test_every_kernel_keeps_the_shared_memory_rules(name: str) -> None:
     """At the default options: TMA tiles aligned in dynamic shared memory, no static shared memory
-    over 48 KB (the lowering tests check the options they cover the same way)."""
+    over 48 KB, no block over the 227 KB a block may have (the lowering tests check the options they
+    cover the same way)."""
     op = discover()[name]
-    source = op.source({o.name: o.default for o in op.options}, "cuda", None)
+    defaults = {o.name: o.default for o in op.options}
+    source = op.source(defaults, "cuda", None)
     kernels = re.split(r"^// vmi source: ", source, flags=re.MULTILINE)[1:]
     assert kernels
     for kernel in kernels:
         assert cuda_shared_memory_problems(kernel) == [], kernel.splitlines()[0]
+    with kernel_requests() as requests:
+        op.source(defaults, "cuda", None)
+    for build, spec, _, config in requests:
+        assert cuda_dynamic_shared_bytes(build(spec, "cuda"), **config) <= SHARED_LIMIT, (build.__name__, spec)

@@ -3,7 +3,8 @@
 Each target needs its own pass configuration (see ``pass_configs``); the CPU
 build also needs its own flags (``cpu_compile_flags``: TileLang's C build is ``-O0``
 otherwise) and lowering rules for ``fabs``/``fmod``, and is called through
-``vmi_core.cpu_kernel``. ``ascend-sim`` lowers exactly as ``ascend`` does and
+``vmi_core.cpu_kernel``; a cuda kernel is called through ``vmi_core.cuda_kernel``, which
+refuses a tensor whose first element is not 16-byte aligned. ``ascend-sim`` lowers exactly as ``ascend`` does and
 compiles that source against vmi-core's Ascend model (``vmi_core.ascend_sim``).
 
 The disk cache: TileLang's key ignores registered lowering rules and the
@@ -357,6 +358,10 @@ def _compile(func, target: str, **config) -> tuple[object, list[Path]]:
         from .cpu_kernel import CpuKernel
 
         return CpuKernel(kernel), paths
+    if target == "cuda":
+        from .cuda_kernel import CudaKernel
+
+        return CudaKernel(kernel), paths
     return kernel, paths
 
 

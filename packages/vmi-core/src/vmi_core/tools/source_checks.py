@@ -216,6 +216,8 @@ def transcendental_calls(src: str) -> list[str]:
 TMA_ALIGNMENT = 128
 BULK_COPY_ALIGNMENT = 16
 STATIC_SHARED_LIMIT = 48 * 1024
+# Shared memory one block may use on sm_90 with the dynamic opt-in (a launch over it fails).
+SHARED_LIMIT = 227 * 1024
 _ELEMENT_BYTES = {"uchar": 1, "char": 1, "signed char": 1, "int8_t": 1, "uint8_t": 1, "bool": 1,
                   "ushort": 2, "short": 2, "half_t": 2, "bfloat16_t": 2, "int16_t": 2, "uint16_t": 2,
                   "float": 4, "int": 4, "uint": 4, "int32_t": 4, "uint32_t": 4,
@@ -287,6 +289,16 @@ def cuda_shared_memory_problems(src: str) -> list[str]:
             elif _index_bytes_alignment(index, element) < need:
                 problems.append(f"line {line}: TMA box {name}[{index}] is not {need}-byte aligned")
     return problems
+
+
+def cuda_dynamic_shared_bytes(func, **config) -> int:
+    """Bytes of dynamic shared memory the cuda lowering of prim_func ``func`` launches with (the
+    kernel source does not say: its tiles are offsets into one buffer sized at the launch)."""
+    from ..compile import lower_artifact
+
+    functions = lower_artifact(func, "cuda", **config).device_mod.functions.values()
+    return max((int(f.attrs["dyn_shared_memory_buf"]) for f in functions
+                if f.attrs is not None and "dyn_shared_memory_buf" in f.attrs), default=0)
 
 
 def nvcc_path() -> str | None:

@@ -15,7 +15,7 @@ the streams ``x``, the accumulated ``x_grad`` and the mix weights in; then
 2. ``x_grad[m] = bf16(fma(mix[m], o_grad, x_grad[m]))`` per element, in place in the tile;
 
 and DMA ``x_grad`` and ``mix_grad`` out. The token's whole row lives on chip, which bounds ``H``
-by the Ascend unified buffer (``max_hidden``).
+by the Ascend unified buffer and a cuda block's shared memory (``max_hidden``).
 
 On Ascend every phase is explicit vector code in a SIMD region: bf16 lanes widened by the loads
 and packed by the stores, a stream's weight broadcast to the lanes of its row by a register
@@ -52,9 +52,17 @@ def bwd_token_bytes(mhc_mult: int, hidden: int) -> int:
     return 2 * padded_hidden(hidden) * (1 + 2 * mhc_mult) + 4 * (mhc_mult + LANES) + 4 * mhc_mult
 
 
+# Shared memory one cuda block may use (sm_90, with the dynamic opt-in: 227 KB), less a margin for
+# the alignment of the tiles in it.
+CUDA_SHARED_BYTES = 227 * 1024 - 2048
+
+
 def max_hidden(mhc_mult: int) -> int:
-    """The largest hidden size whose backward token row fits the Ascend unified buffer once."""
-    hidden = (UB_BYTES - 4 * (2 * mhc_mult + LANES)) // (2 * (1 + 2 * mhc_mult))
+    """The largest hidden size whose backward token row fits on chip once, on every target: in the
+    Ascend unified buffer and in a cuda block's shared memory (which also holds the row sums'
+    64-lane partials)."""
+    fixed = 4 * (2 * mhc_mult + LANES)
+    hidden = min(UB_BYTES - fixed, CUDA_SHARED_BYTES - fixed - 4 * LANES * mhc_mult) // (2 * (1 + 2 * mhc_mult))
     return hidden // LANES * LANES
 
 

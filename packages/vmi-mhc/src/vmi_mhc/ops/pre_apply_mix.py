@@ -87,7 +87,7 @@ def _run_bwd(o_grad, x, mix, x_grad, *, out, target, flavor, launch):
     max_hidden = parallel.max_hidden(n)
     if hidden > max_hidden:
         raise ValueError(f"x's hidden size must be at most {max_hidden} for {n} streams (a token's o_grad, x "
-                         f"and x_grad rows fill the Ascend vector core's unified buffer), got {hidden}")
+                         f"and x_grad rows fill a cuda block's shared memory), got {hidden}")
     check_tensor(o_grad, "o_grad", dtype=torch.bfloat16, shape=(num_tokens, hidden), device=x.device,
                  contiguous=True)
     mix = _check_mix(mix, num_tokens, n, x.device)
@@ -208,9 +208,9 @@ def mhc_pre_apply_mix_bwd(o_grad: torch.Tensor, x: torch.Tensor, mix: torch.Tens
     Args:
         o_grad: The gradient of ``o``, contiguous bf16 ``(T, H)`` on x's device.
         x: The forward's streams, contiguous bf16 ``(T, n, H)`` with ``1 <= n <= 16`` and
-            ``1 <= H <= max_hidden(n)`` (14016 for ``n = 4``: a token's rows of ``o_grad``, ``x``
-            and ``x_grad`` fill the Ascend vector core's unified buffer; the same bound holds on
-            every target).
+            ``1 <= H <= max_hidden(n)`` (12672 for ``n = 4``: a token's rows of ``o_grad``, ``x``
+            and ``x_grad`` fill a cuda block's shared memory, which is smaller than the Ascend
+            vector core's unified buffer; the same bound holds on every target).
         mix: The forward's weights, contiguous fp32 ``(T, n)`` or ``(T, n, 1)`` on x's device.
         x_grad: The stream gradients, contiguous bf16 ``(T, n, H)`` on x's device, accumulated into
             in place; it must not share memory with ``o_grad``, ``x`` or ``mix``.
