@@ -5,7 +5,8 @@ one DMA in and one DMA out per item (the forward's ``(n, BLOCK_H)`` tile out to 
 streams in one transfer), the copy and the stream sum as real vector code in one SIMD region, no
 SIMT region, no scalar UB access in the SIMD region, no barrier inside a thread-guarded branch.
 CUDA: the sources compile with nvcc for an explicit arch. The default specialisation (n = 4) is the
-one test_expand runs on ascend-sim (their lowering is shared).
+one test_expand runs on ascend-sim (their lowering is shared): the backward by default, the forward
+under slow, so the forward's lowering here is the default run's only Ascend check of that kernel.
 """
 
 from __future__ import annotations

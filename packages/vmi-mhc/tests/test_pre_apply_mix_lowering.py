@@ -6,8 +6,11 @@ region (the weights gathered into the lanes, the fused multiply-adds as ``vmula`
 backward: persistent tokens, DMA of o_grad, x, x_grad and the weights in and of x_grad and mix_grad
 out, one SIMD region (the fixed-order row sums and the in-place x_grad update), a tile set that
 fits the unified buffer at the largest hidden size. Neither has a SIMT region, a scalar UB access in
-a SIMD region or a barrier inside a thread-guarded branch. CUDA: the sources compile with nvcc. The
-default specialisations are those test_pre_apply_mix runs on ascend-sim (their lowering is shared).
+a SIMD region or a barrier inside a thread-guarded branch. CUDA: the sources compile with nvcc, and
+the backward's shared memory at the largest hidden size fits a block. The default specialisations
+are those test_pre_apply_mix runs on ascend-sim (their lowering is shared): the backward by default,
+the forward under slow, so the forward's lowering here is the default run's only Ascend check of
+that kernel.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
+from vmi_core.tools.source_checks import SHARED_LIMIT, assert_vector_regions, cuda_dynamic_shared_bytes, dma_counts
 from vmi_devkit.cuda import check_cuda_source
 from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_mhc.kernels.pre_apply_mix import (
@@ -68,6 +71,13 @@ def test_ascend_backward():
 def test_ascend_backward_fits_the_unified_buffer(n):
     lowering = build_pre_apply_mix_bwd.ascend_lowering(PreApplyMixBwdSpec(n, max_hidden(n)))
     assert lowering.ub_bytes <= UB_BYTES
+
+
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.slow), 4, pytest.param(16, marks=pytest.mark.slow)])
+def test_cuda_backward_fits_a_block_at_the_largest_hidden_size(n):
+    # The kernel source does not say how much shared memory a launch takes: the lowering's buffer does.
+    func = build_pre_apply_mix_bwd(PreApplyMixBwdSpec(n, max_hidden(n)), "cuda")
+    assert cuda_dynamic_shared_bytes(func) <= SHARED_LIMIT
 
 
 @pytest.mark.cuda_compile

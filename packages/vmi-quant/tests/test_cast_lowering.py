@@ -1,11 +1,12 @@
-"""cast and cast_back lower for ascend and cuda in every default configuration.
+"""cast and cast_back lower for ascend and cuda.
 
-Ascend: the generated AscendC moves each work tile with one DMA in and one DMA out
-and has exactly the vector regions the README's "differences by target" table
-lists: a cast has one SIMD region per work tile, a cast_back one SIMT region for the SF
-gather and, for E4M3 data with power-of-two block widths, one SIMD region; a same-format
-cast has no vector region at all (DMA in, DMA out). CUDA: the source compiles with nvcc
-for an explicit arch.
+Ascend: the default run lowers every cast and the cast_back cases ascend-sim runs by default
+(``SIM_CAST_BACK_COVERING``, both cast_back vector-region kinds below), the slow run every other
+cast_back configuration. The generated AscendC moves each work tile with one DMA in and one DMA
+out and has exactly the vector regions the README's "differences by target" table lists: a cast
+has one SIMD region per work tile, a cast_back one SIMT region for the SF gather and, for E4M3
+data with power-of-two block widths, one SIMD region; a same-format cast has no vector region at
+all (DMA in, DMA out). CUDA: the source compiles with nvcc for an explicit arch.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
-from vmi_devkit.cases.cast_cases import CAST_BACK_COVERING, CAST_BACK_FULL, CAST_SPECS, case_id, cast_back_spec
+from vmi_devkit.cases.cast_cases import (
+    CAST_BACK_COVERING,
+    CAST_BACK_FULL,
+    CAST_SPECS,
+    SIM_CAST_BACK_COVERING,
+    case_id,
+    cast_back_spec,
+)
 from vmi_devkit.cuda import check_cuda_source
 from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_quant.kernels.cast import CastSpec, build_cast
@@ -42,9 +50,17 @@ def cast_back_regions(spec) -> dict:
     return dict(simd=1 if lane_groups and spec.in_fmt == "e4m3" else 0, simt=1)
 
 
-# The ascend target always runs the ascend flavor: the cuda-flavor cases lower for it in the slow run.
-ASCEND_CAST_BACK = [pytest.param(case, id=case_id(case), marks=[pytest.mark.slow] if case[5] == "cuda" else [])
-                    for case in CAST_BACK_COVERING]
+# The default run lowers the cases the default ascend-sim test compiles (the lowering is cached on
+# disk, so they cost the default run nothing more); the rest of the covering set lowers in the slow
+# run, the cuda-flavor cases too (the ascend target always runs the ascend flavor).
+ASCEND_CAST_BACK = ([pytest.param(case, id=case_id(case)) for case in SIM_CAST_BACK_COVERING]
+                    + [pytest.param(case, id=case_id(case), marks=pytest.mark.slow)
+                       for case in CAST_BACK_COVERING if case not in SIM_CAST_BACK_COVERING])
+
+
+def test_default_cast_back_lowerings_have_both_region_kinds():
+    # One case with the SIMD dequantization (E4M3 data, power-of-two block), one without.
+    assert {cast_back_regions(cast_back_spec(*case))["simd"] for case in SIM_CAST_BACK_COVERING} == {0, 1}
 
 
 @pytest.mark.parametrize("case", ASCEND_CAST_BACK)
@@ -59,7 +75,7 @@ def test_cast_back_ascend_lowering(case):
 
 # The flavor of an unpacked SF changes only runtime strides: one lowering per distinct kernel; and the
 # ascend target always runs the ascend flavor, so cuda-flavor packed words (int32) are not lowered for it.
-COVERING_SPECS = {cast_back_spec(*case) for case in CAST_BACK_COVERING}
+COVERING_SPECS = {cast_back_spec(*case) for case in CAST_BACK_COVERING + SIM_CAST_BACK_COVERING}
 FULL_SPECS = [spec for spec in dict.fromkeys(cast_back_spec(*case) for case in CAST_BACK_FULL if case[5] == "ascend")
               if spec not in COVERING_SPECS]
 
