@@ -345,10 +345,9 @@ def nvcc_compile(src: str, arch: str = "sm_90a", timeout: float = 600.0) -> None
         raise AssertionError(f"nvcc failed (exit {result.returncode}) for arch {arch}:\n{tail}")
 
 
-def cpu_vectorized_loops(src: str, timeout: float = 300.0) -> list[str] | None:
-    """The loops of the cpu kernel source ``src`` that GCC vectorizes with the cpu build's flags
-    (``-fopt-info-vec-optimized``), each as its header line and the first line of its body; None
-    when the host C++ compiler is not GCC."""
+def _vectorized_lines(src: str, timeout: float) -> set[int] | None:
+    """Line numbers of the loops of the cpu kernel source ``src`` that GCC vectorizes with the cpu
+    build's flags (``-fopt-info-vec-optimized``); None when the host C++ compiler is not GCC."""
     import tilelang
     from tilelang.contrib.cc import get_cplus_compiler
 
@@ -366,6 +365,33 @@ def cpu_vectorized_loops(src: str, timeout: float = 300.0) -> list[str] | None:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"{cxx} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    return {int(n) for n in re.findall(r":(\d+):\d+: optimized: loop vectorized", result.stderr)}
+
+
+def cpu_vectorized_loops(src: str, timeout: float = 300.0) -> list[str] | None:
+    """The loops of the cpu kernel source ``src`` that GCC vectorizes with the cpu build's flags,
+    each as its header line and the first line of its body; None when the host C++ compiler is not
+    GCC."""
+    numbers = _vectorized_lines(src, timeout)
+    if numbers is None:
+        return None
     lines = src.splitlines()
-    numbers = sorted({int(n) for n in re.findall(r":(\d+):\d+: optimized: loop vectorized", result.stderr)})
-    return [f"{lines[n - 1].strip()} {lines[n].strip() if n < len(lines) else ''}" for n in numbers]
+    return [f"{lines[n - 1].strip()} {lines[n].strip() if n < len(lines) else ''}" for n in sorted(numbers)]
+
+
+def cpu_loop_vectorizes(src: str, marker: str, timeout: float = 300.0) -> bool | None:
+    """Whether GCC vectorizes the innermost loop of the cpu kernel source ``src`` around the first line
+    that contains ``marker`` (None when the host C++ compiler is not GCC)."""
+    lines = src.splitlines()
+    line = next(i for i, text in enumerate(lines) if marker in text)
+    depth = 0
+    for header in range(line, -1, -1):  # back to the ``for`` whose block holds the marker
+        depth += lines[header].count("}") - lines[header].count("{")
+        if depth < 0:  # the opening line of a block that holds the marker
+            if lines[header].lstrip().startswith("for ("):
+                break
+            depth = 0
+    else:
+        raise ValueError(f"no loop around {marker!r}")
+    numbers = _vectorized_lines(src, timeout)
+    return None if numbers is None else header + 1 in numbers
