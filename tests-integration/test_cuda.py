@@ -8,9 +8,9 @@ import re
 import pytest
 
 from vmi_core import cuda_record
-from vmi_core.compile import kernel_requests
+from vmi_core.compile import CUDA_SHARED_LIMIT, kernel_requests
 from vmi_core.tools.registry import discover
-from vmi_core.tools.source_checks import SHARED_LIMIT, cuda_dynamic_shared_bytes, cuda_shared_memory_problems
+from vmi_core.tools.source_checks import cuda_dynamic_shared_bytes, cuda_shared_memory_problems
 
 OPS = sorted({op.name for op in discover().values()})
 
@@ -53,4 +53,4 @@ def test_every_kernel_keeps_the_shared_memory_rules(name: str) -> None:
     with kernel_requests() as requests:
         op.source(defaults, "cuda", None)
     for build, spec, _, config in requests:
-        assert cuda_dynamic_shared_bytes(build(spec, "cuda"), **config) <= SHARED_LIMIT, (build.__name__, spec)
+        assert cuda_dynamic_shared_bytes(build(spec, "cuda"), **config) <= CUDA_SHARED_LIMIT, (build.__name__, spec)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import pytest
 
 from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.tools.source_checks import SHARED_LIMIT, assert_vector_regions, cuda_dynamic_shared_bytes, dma_counts
+from vmi_core.compile import CUDA_SHARED_LIMIT
+from vmi_core.tools.source_checks import assert_vector_regions, cuda_dynamic_shared_bytes, dma_counts
 from vmi_devkit.cuda import check_cuda_source
 from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_mhc.kernels.pre_apply_mix import (
@@ -77,7 +78,7 @@ def test_ascend_backward_fits_the_unified_buffer(n):
 def test_cuda_backward_fits_a_block_at_the_largest_hidden_size(n):
     # The kernel source does not say how much shared memory a launch takes: the lowering's buffer does.
     func = build_pre_apply_mix_bwd(PreApplyMixBwdSpec(n, max_hidden(n)), "cuda")
-    assert cuda_dynamic_shared_bytes(func) <= SHARED_LIMIT
+    assert cuda_dynamic_shared_bytes(func) <= CUDA_SHARED_LIMIT
 
 
 @pytest.mark.cuda_compile

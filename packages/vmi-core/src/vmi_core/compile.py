@@ -4,8 +4,9 @@ Each target needs its own pass configuration (see ``pass_configs``); the CPU
 build also needs its own flags (``cpu_compile_flags``: TileLang's C build is ``-O0``
 otherwise) and lowering rules for ``fabs``/``fmod``, and is called through
 ``vmi_core.cpu_kernel``; a cuda kernel is called through ``vmi_core.cuda_kernel``, which
-refuses a tensor whose first element is not 16-byte aligned. ``ascend-sim`` lowers exactly as ``ascend`` does and
-compiles that source against vmi-core's Ascend model (``vmi_core.ascend_sim``).
+refuses a tensor whose first element is not 16-byte aligned. ``ascend-sim`` lowers exactly
+as ``ascend`` does and compiles that source against vmi-core's Ascend model
+(``vmi_core.ascend_sim``).
 
 The disk cache: TileLang's key ignores registered lowering rules and the
 compilers, so vmi's cache lives in a directory named after vmi-core's version and
@@ -65,6 +66,8 @@ CPU_COMPILE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trappi
 # operation orders and the error-free transformations of tl.exact need every product and sum
 # rounded as written (fmaf stays fused).
 CUDA_COMPILE_FLAGS = ("--fmad=false",)
+# Shared memory one cuda block may use on sm_90, with the dynamic opt-in (a launch over it fails).
+CUDA_SHARED_LIMIT = 227 * 1024
 # x86-64 microarchitecture levels (psABI) and the /proc/cpuinfo flags each one needs.
 X86_LEVELS = (
     ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),

@@ -216,8 +216,6 @@ def transcendental_calls(src: str) -> list[str]:
 TMA_ALIGNMENT = 128
 BULK_COPY_ALIGNMENT = 16
 STATIC_SHARED_LIMIT = 48 * 1024
-# Shared memory one block may use on sm_90 with the dynamic opt-in (a launch over it fails).
-SHARED_LIMIT = 227 * 1024
 _ELEMENT_BYTES = {"uchar": 1, "char": 1, "signed char": 1, "int8_t": 1, "uint8_t": 1, "bool": 1,
                   "ushort": 2, "short": 2, "half_t": 2, "bfloat16_t": 2, "int16_t": 2, "uint16_t": 2,
                   "float": 4, "int": 4, "uint": 4, "int32_t": 4, "uint32_t": 4,

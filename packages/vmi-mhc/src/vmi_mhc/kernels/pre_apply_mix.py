@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import tilelang.language as T
 
+from vmi_core.compile import CUDA_SHARED_LIMIT
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
@@ -52,9 +53,8 @@ def bwd_token_bytes(mhc_mult: int, hidden: int) -> int:
     return 2 * padded_hidden(hidden) * (1 + 2 * mhc_mult) + 4 * (mhc_mult + LANES) + 4 * mhc_mult
 
 
-# Shared memory one cuda block may use (sm_90, with the dynamic opt-in: 227 KB), less a margin for
-# the alignment of the tiles in it.
-CUDA_SHARED_BYTES = 227 * 1024 - 2048
+# A cuda block's shared memory, less a margin for the alignment of the tiles in it.
+CUDA_SHARED_BYTES = CUDA_SHARED_LIMIT - 2048
 
 
 def max_hidden(mhc_mult: int) -> int:
