@@ -371,6 +371,35 @@ class TestCacheTrust:
         assert any((tmp_path / "vmi").rglob("kernel_lib.so")), "vmi compiled into its own cache"
 
 
+class TestPrecompiledHeader:
+    """``precompiled_header``: the headers every kernel build includes, compiled once per cache."""
+
+    def test_a_cpu_kernel_builds_with_the_template_precompiled_to_the_same_code(self, tmp_path):
+        cxx = vc.host_cxx()
+        if not vc.is_gcc(cxx):
+            pytest.skip("precompiled headers are used with GCC only")
+        flags = vc.cpu_template_header()
+        assert flags[0] == "-include" and Path(f"{flags[1]}.gch").is_file()
+        source = tmp_path / "kernel.cpp"
+        source.write_text(lower(build_shell_kernel("cpu", 2), "cpu"))
+
+        def assembly(*extra: str) -> tuple[str, str]:
+            out = tmp_path / "kernel.s"
+            result = subprocess.run([cxx, "-std=c++17", "-fPIC", f"-I{tilelang.env.TILELANG_TEMPLATE_PATH}",
+                                     *vc.cpu_compile_flags(), *extra, "-H", "-S", str(source), "-o", str(out)],
+                                    capture_output=True, text=True, check=True)
+            return "\n".join(line for line in out.read_text().splitlines() if ".file" not in line), result.stderr
+
+        plain, _ = assembly()
+        precompiled, headers = assembly(*flags)
+        # GCC's -H marks a precompiled header it used with "!".
+        assert f"! {flags[1]}.gch" in headers
+        assert precompiled == plain
+
+    def test_a_header_that_does_not_build_gives_no_flags(self):
+        assert vc.precompiled_header(vc.host_cxx(), ("-std=c++17",), (), "#error not a header\n") == ()
+
+
 _COMPILE_AND_RUN = """
 import hashlib, sys, torch
 from vmi_devkit.sim_kernels import row_scale

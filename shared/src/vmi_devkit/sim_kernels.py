@@ -12,6 +12,7 @@ test registers. ``counted`` is a kernel small enough to count what it executes b
 ``T.gemm`` on the Cube unit.
 """
 
+import functools
 from types import SimpleNamespace
 
 import tilelang.ascend.language as TA
@@ -60,8 +61,10 @@ def row_scale_reference(x):
     return x / x.abs().amax(dim=1, keepdim=True)
 
 
+@functools.cache
 def row_scale_artifact(block_m: int):
-    """TileLang's ascend lowering of the kernel: its source and device module."""
+    """TileLang's ascend lowering of the kernel: its source and device module (lowered once per
+    process: the negative controls each break a copy of its source)."""
     return lower_artifact(build_row_scale(block_m, "ascend"), "ascend")
 
 

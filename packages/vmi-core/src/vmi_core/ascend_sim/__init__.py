@@ -241,6 +241,15 @@ def _toolchain_identity() -> str:
     return version + "".join(h.read_text() for h in headers) + " ".join(CXX_FLAGS)
 
 
+def _model_header() -> tuple[str, ...]:
+    """The model's headers, which every prepared source includes first, precompiled (the digest of
+    the headers, flags and compiler names the header)."""
+    from ..compile import precompiled_header
+
+    text = f"// {hashlib.sha256(_toolchain_identity().encode()).hexdigest()}\n#include \"vmi_ascend_sim/runner.h\"\n"
+    return precompiled_header(CXX, tuple(flag for flag in CXX_FLAGS if flag != "-shared"), (str(INCLUDE_DIR),), text)
+
+
 def compile_library(prepared: str, cache: Path) -> Path:
     """The shared library of a prepared source, compiled once into ``cache``."""
     digest = hashlib.sha256((_toolchain_identity() + prepared).encode()).hexdigest()[:24]
@@ -252,8 +261,8 @@ def compile_library(prepared: str, cache: Path) -> Path:
         cpp = Path(scratch) / "kernel.cpp"
         cpp.write_text(prepared)
         built = Path(scratch) / "kernel.so"
-        result = subprocess.run([CXX, *CXX_FLAGS, "-I", str(INCLUDE_DIR), "-o", str(built), str(cpp)],
-                                capture_output=True, text=True)
+        result = subprocess.run([CXX, *CXX_FLAGS, *_model_header(), "-I", str(INCLUDE_DIR), "-o", str(built),
+                                 str(cpp)], capture_output=True, text=True)
         if result.returncode != 0:
             raise AscendSimError(f"the emitted source does not compile against the model:\n{result.stderr[-4000:]}")
         os.replace(built, library)  # atomic: concurrent builders of one kernel agree
