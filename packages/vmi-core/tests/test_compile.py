@@ -23,6 +23,7 @@ import torch
 import vmi_core
 from vmi_core import compile as vc
 from vmi_core.compile import compile_kernel, cuda_arch, lower, pass_configs
+from vmi_core.headers import is_gcc, precompiled_header
 from vmi_core.tl.shell import Shell
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts, region_report
 from vmi_core.tools.testing import assert_bitwise_equal
@@ -376,7 +377,7 @@ class TestPrecompiledHeader:
 
     def test_a_cpu_kernel_builds_with_the_template_precompiled_to_the_same_code(self, tmp_path):
         cxx = vc.host_cxx()
-        if not vc.is_gcc(cxx):
+        if not is_gcc(cxx):
             pytest.skip("precompiled headers are used with GCC only")
         flags = vc.cpu_template_header()
         assert flags[0] == "-include" and Path(f"{flags[1]}.gch").is_file()
@@ -396,8 +397,8 @@ class TestPrecompiledHeader:
         assert f"! {flags[1]}.gch" in headers
         assert precompiled == plain
 
-    def test_a_header_that_does_not_build_gives_no_flags(self):
-        assert vc.precompiled_header(vc.host_cxx(), ("-std=c++17",), (), "#error not a header\n") == ()
+    def test_a_header_that_does_not_build_gives_no_flags(self, tmp_path):
+        assert precompiled_header(vc.host_cxx(), ("-std=c++17",), (), "#error not a header\n", tmp_path) == ()
 
 
 _COMPILE_AND_RUN = """

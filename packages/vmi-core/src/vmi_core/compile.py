@@ -48,6 +48,7 @@ import tvm
 from tvm import tirx
 
 from . import __version__
+from .headers import precompiled_header
 from .targets import TARGETS, lowering_target
 
 CUDA_ARCH_ENV = "VMI_CUDA_ARCH"
@@ -142,11 +143,6 @@ def host_cxx() -> str:
 
 
 @functools.cache
-def is_gcc(cxx: str) -> bool:
-    return "Free Software Foundation" in _version_line([cxx, "--version"])
-
-
-@functools.cache
 def toolchain_identity() -> str:
     """The host C++ compiler, nvcc (when installed) and TileLang's native libraries, as one string."""
     from tilelang.contrib.nvcc import get_nvcc_compiler
@@ -197,35 +193,6 @@ def cpu_compile_flags() -> tuple[str, ...]:
     return (*CPU_COMPILE_FLAGS, *((f"-march={arch}",) if arch else ()))
 
 
-def precompiled_header(cxx: str, flags: tuple[str, ...], includes: tuple[str, ...], text: str) -> tuple[str, ...]:
-    """Flags that give a C++ build the header ``text`` precompiled: ``("-include", H)``, with ``H.gch``
-    built once per cache by GCC with ``flags`` and ``includes`` (those of the builds that use it); ``()``
-    where the compiler is not GCC or the header does not build.
-
-    The kernels' headers take most of a small kernel's build (TileLang's cpu template: 0.4 of 0.5 s).
-    GCC reads ``H.gch`` only if the build's flags agree with the ones it was made with, and ``H``
-    itself otherwise, which includes the same headers: the code built is the same either way.
-    ``text`` must name (or carry) whatever decides the header's contents: the cache key covers the
-    compiler, not the headers.
-    """
-    if not is_gcc(cxx):
-        return ()
-    digest = hashlib.sha256(repr((cxx, flags, includes, text)).encode()).hexdigest()[:24]
-    directory = private_dir(private_cache_dir() / "pch")
-    header, built = directory / f"{digest}.h", directory / f"{digest}.h.gch"
-    with _building(f"pch/{digest}"):
-        if not (header.exists() and built.exists()):
-            header.write_text(text)
-            partial = directory / f"{digest}.{os.getpid()}.partial"
-            result = subprocess.run([cxx, *flags, *(f"-I{path}" for path in includes), "-x", "c++-header",
-                                     str(header), "-o", str(partial)], capture_output=True, text=True)
-            if result.returncode != 0:
-                partial.unlink(missing_ok=True)
-                return ()
-            os.replace(partial, built)
-    return ("-include", str(header))
-
-
 @functools.cache
 def _cpu_template_text() -> str:
     # The template's own text (and half.hpp beside it) decides the header.
@@ -235,10 +202,12 @@ def _cpu_template_text() -> str:
 
 
 def cpu_template_header() -> tuple[str, ...]:
-    """``precompiled_header`` flags of TileLang's cpu kernel template, which every cpu kernel includes
-    (TileLang's cpu build: ``-std=c++17 -fPIC`` and its template directory, then vmi's flags)."""
+    """``vmi_core.headers.precompiled_header`` flags of TileLang's cpu kernel template, which every cpu
+    kernel includes (TileLang's cpu build: ``-std=c++17 -fPIC`` and its template directory, then vmi's
+    flags)."""
     return precompiled_header(host_cxx(), ("-std=c++17", "-fPIC", *cpu_compile_flags()),
-                              (tilelang.env.TILELANG_TEMPLATE_PATH,), _cpu_template_text())
+                              (tilelang.env.TILELANG_TEMPLATE_PATH,), _cpu_template_text(),
+                              private_cache_dir() / "pch")
 
 
 def cache_key() -> str:

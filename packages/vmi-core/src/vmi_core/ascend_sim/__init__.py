@@ -45,6 +45,8 @@ import tilelang  # also puts TileLang's tvm on the path
 import torch
 from tvm.tirx import IntImm, Var
 
+from ..headers import precompiled_header
+
 SCHEDULES = ("seq", "random", "consumers_first", "producers_first")
 SCHEDULE_ENV = "VMI_ASCEND_SIM_SCHEDULE"
 SEED_ENV = "VMI_ASCEND_SIM_SEED"
@@ -241,13 +243,12 @@ def _toolchain_identity() -> str:
     return version + "".join(h.read_text() for h in headers) + " ".join(CXX_FLAGS)
 
 
-def _model_header() -> tuple[str, ...]:
+def _model_header(cache: Path) -> tuple[str, ...]:
     """The model's headers, which every prepared source includes first, precompiled (the digest of
     the headers, flags and compiler names the header)."""
-    from ..compile import precompiled_header
-
     text = f"// {hashlib.sha256(_toolchain_identity().encode()).hexdigest()}\n#include \"vmi_ascend_sim/runner.h\"\n"
-    return precompiled_header(CXX, tuple(flag for flag in CXX_FLAGS if flag != "-shared"), (str(INCLUDE_DIR),), text)
+    return precompiled_header(CXX, tuple(flag for flag in CXX_FLAGS if flag != "-shared"), (str(INCLUDE_DIR),), text,
+                              cache / "pch")
 
 
 def compile_library(prepared: str, cache: Path) -> Path:
@@ -261,7 +262,7 @@ def compile_library(prepared: str, cache: Path) -> Path:
         cpp = Path(scratch) / "kernel.cpp"
         cpp.write_text(prepared)
         built = Path(scratch) / "kernel.so"
-        result = subprocess.run([CXX, *CXX_FLAGS, *_model_header(), "-I", str(INCLUDE_DIR), "-o", str(built),
+        result = subprocess.run([CXX, *CXX_FLAGS, *_model_header(cache), "-I", str(INCLUDE_DIR), "-o", str(built),
                                  str(cpp)], capture_output=True, text=True)
         if result.returncode != 0:
             raise AscendSimError(f"the emitted source does not compile against the model:\n{result.stderr[-4000:]}")

@@ -6,7 +6,7 @@ those of earlier vmi versions or toolchains, which nothing reads any more. Withi
 an entry is one of TileLang's kernel directories (``<tilelang version>/<platform>/kernels/<hash>``:
 cpu and cuda kernels), an ascend-sim library (``ascend-sim/*.so``) or an Ascend lowering
 (``ascend-lowered/*.json``); the records in ``entries/`` say which op and target each belongs to.
-``pch/`` holds the precompiled headers every kernel build of a target shares (``compile.precompiled_header``).
+``pch/`` and ``ascend-sim/pch/`` hold the precompiled headers the kernel builds share (``vmi_core.headers``).
 Entries made before vmi kept records, or by kernels outside an op, have none: they are counted as
 unrecorded. Only ``vmi-*`` directories are ever removed (the root may be TileLang's own cache).
 """
