@@ -13,7 +13,8 @@ SF_MODES = {
 }
 
 # (x_block_size, x SF mode, out_block_size, out SF mode, flavor): every SF mode on both sides,
-# per-token, 2-D and per-channel (packed along tokens) input blocks, both flavors.
+# per-token, 2-D and per-channel (packed along tokens) input blocks, output blocks larger than and
+# equal to the input's, both flavors.
 COVERING = [
     ((1, 32), "fp32-row", (32, 32), "fp32-row", "ascend"),
     ((1, 32), "packed-col", (128, 128), "packed-col", "cuda"),
@@ -21,12 +22,14 @@ COVERING = [
     ((1, 32), "fp32-row", (32, 32), "packed-col", "cuda"),
     ((32, 32), "packed-row", (128, 128), "fp32-col", "ascend"),
     ((32, 1), "packed-row", (32, 32), "packed-row", "cuda"),
+    # One input block per output block: the kernel's per-block exponent loops have one iteration.
+    ((32, 32), "fp32-row", (32, 32), "fp32-row", "ascend"),
 ]
 FULL = [case for case in (
     (x_block, x_mode, out_block, out_mode, ("ascend", "cuda")[index % 2])
     for index, ((x_block, out_block), x_mode, out_mode) in enumerate(itertools.product(
         [((1, 32), (1, 128)), ((1, 32), (32, 32)), ((1, 32), (128, 128)), ((32, 32), (128, 128)),
-         ((1, 16), (64, 64))],
+         ((1, 16), (64, 64)), ((1, 32), (1, 32)), ((128, 128), (128, 128))],
         ("fp32-row", "packed-col"), ("fp32-row", "packed-col")))
     ) if case not in COVERING]
 # ascend-sim lowers each case for Ascend (5-10 s of CPU a kernel), so by default it runs one

@@ -225,6 +225,39 @@ _DYNAMIC_TILE = re.compile(r"void\*\s+(\w+)\s*=\s*\(\(void\*\)\(\(char\*\)buf_dy
 _TILE_ELEMENT = re.compile(r"\(&\((?:\(\((\w+)\*\))?(\w+)\)?\[(.*)\]\)\)")
 
 
+# TVM's C code generator prints a min/max as a ternary over its operands, each bound first to a
+# variable (``uint32_t v__1 = hi[0];``), and reuses that variable for the same operand text later in
+# the scope, even after a store changed the memory it read.
+_OPERAND_BINDING = re.compile(r"^\s*\w[\w\s*]*?\b(v_+\d+)\s*=\s*(.*);\s*$")
+_STORE = re.compile(r"^\s*(\w+)\s*\[[^=]*\]\s*=[^=]")
+
+
+def stale_operand_reuses(src: str) -> list[str]:
+    """Each place in a cpu (C) source where an operand variable of the code generator is used after
+    a store to the memory it was read from, in the same block: the use reads the old value."""
+    lines = src.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        binding = _OPERAND_BINDING.match(line)
+        if not binding:
+            continue
+        var, expr = binding.groups()
+        buffers = set(re.findall(r"\b(\w+)\s*\[", expr))
+        depth, stored = 0, None
+        for j in range(i + 1, len(lines)):
+            depth += lines[j].count("{") - lines[j].count("}")
+            if depth < 0:
+                break
+            store = _STORE.match(lines[j])
+            if stored is None and store and store.group(1) in buffers:
+                stored = j
+            elif stored is not None and re.search(rf"\b{var}\b", lines[j]):
+                found.append(f"line {j + 1}: {lines[j].strip()!r} uses {var} (line {i + 1}: {line.strip()!r}) "
+                             f"after line {stored + 1}: {lines[stored].strip()!r}")
+                break
+    return found
+
+
 def _split_arguments(text: str) -> list[str]:
     parts, depth, start = [], 0, 0
     for i, c in enumerate(text):

@@ -101,7 +101,10 @@ def build_per_block_cast_lossless(spec: LosslessSpec, target: str):
                 for v in T.serial(span_k):
                     hi = T.max(hi, e_in[r * span_m + u, c * span_k + v])
                     lo = T.min(lo, e_in[r * span_m + u, c * span_k + v])
-            e_out[r, c] = T.max(hi, F.u32(EXPONENT_HEADROOM)) - F.u32(EXPONENT_HEADROOM)
+            # A select, not T.max(hi, ...): TVM's C code generator binds a min/max operand to a
+            # variable and reuses it for the same text later in the scope, even after a store (with
+            # one input block per output block the loops above vanish, and hi's old value was used).
+            e_out[r, c] = T.if_then_else(hi > F.u32(EXPONENT_HEADROOM), hi - F.u32(EXPONENT_HEADROOM), F.u32(0))
             if hi > F.u32(255) or e_out[r, c] > lo + F.u32(EXPONENT_FOOTROOM):
                 STATUS[0] = T.int32(1)
             if sf_dtype == "float32":
