@@ -380,13 +380,12 @@ def _vectorized_lines(src: str, timeout: float) -> set[int] | None:
     """Line numbers of the loops of the cpu kernel source ``src`` that GCC vectorizes with the cpu
     build's flags (``-fopt-info-vec-optimized``); None when the host C++ compiler is not GCC."""
     import tilelang
-    from tilelang.contrib.cc import get_cplus_compiler
 
-    from ..compile import cpu_compile_flags
+    from ..compile import cpu_compile_flags, host_cxx
+    from ..headers import is_gcc
 
-    cxx = get_cplus_compiler() or "g++"
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
-    if "Free Software Foundation" not in version:
+    cxx = host_cxx()
+    if not is_gcc(cxx):
         return None
     with tempfile.TemporaryDirectory(prefix="vmi-cpu-") as tmp:
         cpp = Path(tmp) / "k.cpp"
