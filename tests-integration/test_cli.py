@@ -143,6 +143,10 @@ def test_bad_option_is_a_clear_error():
     (["run", "per_block_cast", "--shape", "3x5"], "multiples of 128"),
     (["run", "per_token_cast", "--target", "cuda"], "target 'cuda' needs a CUDA GPU"),
     (["run", "per_token_cast", "--target", "ascend"], "target 'ascend' needs an Ascend NPU"),
+    (["run", "mhc_sinkhorn_fwd", "--target", "ascend-sim", "--flavor", "cuda"],
+     "flavor 'cuda' is not available on target 'ascend-sim'"),
+    (["source", "normalize_weight", "--target", "cuda", "--flavor", "ascend"],
+     "flavor 'ascend' is not available on target 'cuda'"),
 ])
 def test_user_errors_are_one_line_with_exit_status_2(args, names, capsys):
     """In process (the command's main), so that the many cases cost no interpreter start each."""
@@ -172,10 +176,11 @@ def test_run_on_ascend_sim(capsys):
 
 
 def test_a_target_with_its_own_flavor_is_checked_against_that_flavor(capsys):
-    """ascend-sim runs the ascend flavor whatever --flavor says; the reference must use it too."""
+    """ascend-sim runs the ascend flavor (naming it is allowed, another is an error above); the
+    reference must use it too."""
     from vmi_core.tools.cli import main
 
-    assert main(["run", "normalize_weight", "--target", "ascend-sim", "--flavor", "cuda", "--shape", "300x8",
+    assert main(["run", "normalize_weight", "--target", "ascend-sim", "--flavor", "ascend", "--shape", "300x8",
                  "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "target=ascend-sim flavor=ascend" in out and "matches the reference bit for bit" in out

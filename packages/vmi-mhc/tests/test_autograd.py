@@ -479,3 +479,67 @@ def test_norm_fn_alone_fused_or_not():
         grads.append(p)
     for name, t in grads[0].items():
         assert_bitwise_equal(t.grad, grads[1][name].grad, f"{name}.grad, fused vs not")
+
+
+# --- no second derivatives ---
+
+def _second_order_cases():
+    """Each Function on the ``torch`` target (its plumbing is the kernels'): name, call, inputs.
+    (``expand_to_mhc`` is linear: its gradient depends on nothing differentiable, as torch's
+    ``expand``'s.)"""
+    norm = layer_inputs(FEW, 60)
+    return [
+        ("PreNormFn", lambda residual, fn: mhc_pre_norm_fn(residual, fn, None, 1e-6, False, SPLITS, target="torch"),
+         {"residual": norm["residual"], "fn": norm["fn"]}),
+        ("FnNormwMerge", lambda fn, norm_weight: mhc_pre_norm_fn(norm["residual"], fn, norm_weight, 1e-6, False,
+                                                                  SPLITS, target="torch"),
+         {"fn": norm["fn"], "norm_weight": norm["norm_weight"]}),
+        ("PreSplitMixes", lambda input_mixes: mhc_pre_split_mixes(input_mixes, norm["scale"], norm["base"], N, 2.0,
+                                                                  1e-2, target="torch"),
+         {"input_mixes": randn((*FEW, N3), 62)}),
+        ("SinkhornNormalize", lambda x: sinkhorn_normalize(x, 10, 1e-6, target="torch"),
+         {"x": randn((*FEW, N, N), 63)}),
+        ("PreApplyMix", lambda x, mix: mhc_pre_apply_mix(x, mix, target="torch"),
+         {"x": randn((*FEW, N, HIDDEN), 64, torch.bfloat16), "mix": torch.sigmoid(randn((*FEW, N, 1), 65))}),
+        ("Post", lambda x, post_layer_mix: mhc_post(x, randn((*FEW, N, HIDDEN), 66, torch.bfloat16), post_layer_mix,
+                                                    randn((*FEW, N, N), 67), target="torch"),
+         {"x": randn((*FEW, HIDDEN), 68, torch.bfloat16), "post_layer_mix": randn((*FEW, N, 1), 69)}),
+        ("HeadComputeMix", lambda input_mix: mhc_head_compute_mix(input_mix, norm["scale"][:1], norm["base"][:N],
+                                                                  1e-2, target="torch"),
+         {"input_mix": randn((*FEW, N), 70)}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_second_derivative_raises_naming_the_function(case):
+    """``grad(out.sum(), create_graph=True)`` gets a constant incoming gradient, which
+    ``once_differentiable`` let through as a silent zero: the gradients are the first-order ones,
+    and differentiating them raises."""
+    name, call, inputs = _second_order_cases()[case]
+    p = leaves(inputs)
+    outputs = call(**p)
+    loss = sum(o.float().sum() for o in (outputs if isinstance(outputs, tuple) else (outputs,)))
+    grads = torch.autograd.grad(loss, list(p.values()), create_graph=True)
+    q = leaves(inputs)
+    outputs = call(**q)
+    plain = torch.autograd.grad(sum(o.float().sum() for o in (outputs if isinstance(outputs, tuple) else (outputs,))),
+                                list(q.values()))
+    for g, want, arg in zip(grads, plain, p, strict=True):
+        assert g.requires_grad
+        assert_bitwise_equal(g.detach(), want, f"{arg}.grad")
+    with pytest.raises(RuntimeError, match=f"{name} has no second derivative"):
+        torch.autograd.grad(grads[0].float().sum(), list(p.values()), allow_unused=True)
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_input_changed_in_place_before_backward_is_torchs_error(case):
+    """The Functions save their inputs themselves (not views made in forward), so torch's version
+    counter names the changed tensor."""
+    _, call, inputs = _second_order_cases()[case]
+    p = leaves(inputs)
+    outputs = call(**p)
+    loss = sum(o.float().sum() for o in (outputs if isinstance(outputs, tuple) else (outputs,)))
+    with torch.no_grad():
+        next(iter(p.values())).add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

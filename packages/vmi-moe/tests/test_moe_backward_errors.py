@@ -184,3 +184,23 @@ def test_kernel_detected_bad_ids_name_the_argument():
         run_kernel(idx)
     message = str(info.value)
     assert "topk_idx" in message and "unmapped_topk_idx" not in message, message
+
+
+@pytest.mark.parametrize("target", ["cpu", "torch"])
+@pytest.mark.parametrize("aux", [False, True])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_scores_raise(value: float, aux: bool, target: str):
+    """Anywhere in ``scores``: an expert no slot routes to (the kernel's derivative turns it into NaN,
+    the reference's into 0), a routed one, the last row of a partial tile, a token outside the
+    statistic. The kernel raises after the run and leaves ``out`` as it was; the reference raises
+    before computing."""
+    mask = MASK.clone()
+    mask[5] = False
+    for row, expert in ((0, 60), (1, 7), (T - 1, 71), (5, 3)):
+        scores = S_RUN.clone()
+        scores[row, expert] = value
+        out = torch.full((T, E_RUN), 7.0)
+        kwargs = {"mask": mask, "grad_scores_sum": AUX_RUN["grad_scores_sum"]} if aux else {}
+        with pytest.raises(ValueError, match="scores"):
+            call(scores, IDX_RUN, W_RUN, G_RUN, out=out, target=target, **kwargs)
+        assert bool((out == 7.0).all())

@@ -201,3 +201,46 @@ def test_swiglu_function_gives_torch_autograd_gradients():
         assert not x.grad[~valid].any() and not topk_weights.grad[~valid].any()
     finally:
         reset_runtime_config()
+
+
+def test_swiglu_function_refuses_an_alignment_changed_before_backward():
+    """The backward must place the psum rows as the forward did: rows 3 and 9-11 are padding at
+    alignment 4, and row 3 would be expert 1's at alignment 1."""
+    set_token_alignment(4)
+    try:
+        psum = torch.tensor([3, 4, 9], dtype=torch.int32)
+        x = randn((12, 128), 50, torch.float32).requires_grad_()
+        out = SwiGLUFunction.apply(x, None, psum, None, None)
+        set_token_alignment(1)
+        with pytest.raises(ValueError, match=r"token alignment changed between forward \(4\) and backward \(1\)"):
+            out.sum().backward()
+    finally:
+        reset_runtime_config()
+
+
+def _second_order_cases():
+    """The Functions on the ``torch`` target (their plumbing is the kernels'): name, call, leaves."""
+    x, weight, residual = _norm_leaves(torch.float32, 70)
+    swiglu_x = randn((12, 128), 71, torch.bfloat16).requires_grad_()
+    return [
+        ("RMSNormFunction", lambda: RMSNormFunction.apply(x, weight, residual, EPS, 0.3, None)[:2],
+         (x, weight, residual)),
+        ("SwiGLUFunction", lambda: (SwiGLUFunction.apply(swiglu_x, None, None, None, None),),
+         (swiglu_x,)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(2))
+def test_second_derivative_raises_naming_the_function(case, monkeypatch):
+    """``grad(out.sum(), create_graph=True)`` gets a constant incoming gradient: the gradients are the
+    first-order ones, and differentiating them raises instead of giving zeros."""
+    monkeypatch.setenv("VMI_TARGET", "torch")
+    name, call, inputs = _second_order_cases()[case]
+    loss = sum(o.float().sum() for o in call())
+    grads = torch.autograd.grad(loss, inputs, create_graph=True)
+    plain = torch.autograd.grad(sum(o.float().sum() for o in call()), inputs)
+    for g, want in zip(grads, plain, strict=True):
+        assert g.requires_grad
+        assert_bitwise_equal(g.detach(), want, "first-order gradient")
+    with pytest.raises(RuntimeError, match=f"{name} has no second derivative"):
+        torch.autograd.grad(grads[0].sum(), inputs, allow_unused=True)

@@ -4,8 +4,8 @@ bit against the torch reference ``reference.swiglu_forward`` (spec quant-b §6, 
 Each option combination is one compiled kernel (row count, hidden size, the expert layout and the
 clamp and scaling values are runtime values); the default matrix is a covering set, the full
 product runs under ``slow``. Outputs are compared on the valid rows of the expert layout (the op
-leaves the others unwritten, which ``test_rows_outside_experts_untouched`` checks), counters as
-exact integers added to a non-zero start.
+kernel leaves the others unwritten, which ``test_rows_outside_experts`` checks; the op then zeros
+them in the outputs it allocates), counters as exact integers added to a non-zero start.
 """
 
 from __future__ import annotations
@@ -153,9 +153,24 @@ def _check_case(case, shapes=SHAPES, *, target="cpu", offset=0):
             assert counter.tolist() == (torch.tensor(COUNTER_START) + counts).tolist(), label
 
 
+def _assert_padding_zero(outputs, valid, label):
+    """The op allocates its outputs: rows outside the expert layout are zero bytes."""
+    for t in outputs:
+        assert (t[~valid].contiguous().view(torch.uint8) == 0).all(), f"{label}: a padding row is not zero"
+
+
 def _check_entry_points(case):
     """The torch target, the Python function's plain form and the ``_parallel`` entries against the
-    reference, with the kernel of ``case`` (COVERING[0]: bf16 output, [1]: E4M3)."""
+    reference, with the kernel of ``case`` (COVERING[0]: bf16 output, [1]: E4M3). Deterministic
+    mode fills new memory (NaN, the largest integer), so padding rows the op left would show."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        _check_entry_point_results(case)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def _check_entry_point_results(case):
     x = _values((16, 128), 7, torch.bfloat16)
     psum = _psum(16, 7)
     topk = randn((16,), 8)
@@ -165,10 +180,12 @@ def _check_entry_points(case):
         for out in (swiglu_forward(*args, torch.zeros(4, dtype=torch.int64), target="torch"),
                     swiglu_forward_parallel(*args, torch.zeros(4, dtype=torch.int64))):
             assert_bitwise_equal(out[valid], y[valid].bfloat16(), "bf16 out")
+            _assert_padding_zero([out], valid, "bf16 out")
         # fmt bf16/fp32 with num_per_channels None: the plain SwiGLU, one tensor (as TileKernels).
         plain = swiglu_forward_and_per_token_cast(x, "bf16", None, psum, topk, RSF, clamp_value=0.5,
                                                   clamped_count=torch.zeros(4, dtype=torch.int64))
         assert_bitwise_equal(plain[valid], y[valid].bfloat16(), "plain out")
+        _assert_padding_zero([plain], valid, "plain out")
         with pytest.raises(ValueError, match="target 'torch'"):
             swiglu_forward_parallel(x, "fp32", target="torch")
         return
@@ -181,6 +198,7 @@ def _check_entry_points(case):
                   **options)
         assert_bitwise_equal(got[0][valid], data[valid], "data")
         assert_bitwise_equal(got[1][valid], sf[valid], "sf")
+        _assert_padding_zero(got, valid, f"e4m3 on {target}")
     with pytest.raises(ValueError, match="target 'torch'"):
         swiglu_forward_and_per_token_cast_parallel(x, "e4m3", 32, target="torch")
 

@@ -13,7 +13,7 @@ Arbitrary leading dimensions are flattened to the kernels' token axis ``T``. Eve
 vmi's keyword-only ``target=`` and ``flavor=`` and passes them to each kernel it runs, forward and
 backward. The backward kernels recompute what they need from the saved inputs (Sinkhorn from its
 logits, the sigmoids from the mixes), as TileKernels' do; none of these functions is
-differentiable twice.
+differentiable twice (``vmi_core.autograd.first_order``: a second derivative raises).
 
 **The residual gradient (spec §1.3).** The gradient of a residual ``R`` has up to three
 contributions, from ``mhc_post`` (through ``Σ_i comb[i, o]·R[i]``), ``mhc_pre_apply_mix`` and
@@ -50,8 +50,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from vmi_core.autograd import first_order
 from vmi_core.checks import check_float, check_int, check_tensor
 
 from .inputs import mix_width
@@ -198,7 +198,7 @@ class ExpandToMhc(torch.autograd.Function):
         return o
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, o_grad):
         hidden_size = ctx.hidden_shape[-1]
         tokens = math.prod(ctx.hidden_shape[:-1])
@@ -255,7 +255,7 @@ class FnNormwMerge(torch.autograd.Function):
         return mhc_fn_normw_merge_fwd(fn, normw, None, target=target, flavor=flavor)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, out_fn_grad):
         fn, normw = ctx.saved_tensors
         fn_grad, normw_grad = torch.zeros_like(fn), torch.zeros_like(normw)
@@ -279,24 +279,25 @@ class PreNormFn(torch.autograd.Function):
         out_mul, sqrsum, out = mhc_reduce_partials_and_rmsnorm_fwd(
             out_mul_splitted.view(n_splits, tokens, 1, mix), sqrsum_splitted.view(n_splits, tokens, 1), None, None,
             None, mhc_hidden, norm_eps, n_splits, target=target, flavor=flavor)
-        ctx.save_for_backward(x, fn, out_mul, sqrsum)
-        ctx.residual_shape, ctx.norm_eps, ctx.target, ctx.flavor = residual.shape, norm_eps, target, flavor
+        ctx.save_for_backward(residual, fn, out_mul, sqrsum)
+        ctx.norm_eps, ctx.target, ctx.flavor = norm_eps, target, flavor
         ctx.residual_grad_slot = ResidualGradSlot(residual) if fuse_grad_acc and ctx.needs_input_grad[0] else None
         return out.view(*lead, mix)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, out_grad):
-        x, fn, out_mul, sqrsum = ctx.saved_tensors
-        tokens, mhc_hidden = x.shape
-        mix = fn.shape[0]
+        residual, fn, out_mul, sqrsum = ctx.saved_tensors
+        mix, mhc_hidden = fn.shape
+        tokens = math.prod(residual.shape[:-2])
+        x = residual.reshape(tokens, mhc_hidden).contiguous()
         out_mul_grad, sqrsum_grad = mhc_reduce_partials_and_rmsnorm_bwd(
             _dense(out_grad, out_mul, (tokens, mix)), out_mul, sqrsum, None, None, mhc_hidden, ctx.norm_eps,
             target=ctx.target, flavor=ctx.flavor)
         slot = ctx.residual_grad_slot
         x_grad = slot.take() if slot is not None else None
         if x_grad is None:
-            x_grad = torch.zeros(ctx.residual_shape, dtype=x.dtype, device=x.device)
+            x_grad = torch.zeros(residual.shape, dtype=x.dtype, device=x.device)
         _, fn_grad = mhc_pre_norm_fn_gemm_bwd(out_mul_grad.view(tokens, mix), sqrsum_grad.view(tokens), x, fn,
                                               x_grad.view(tokens, mhc_hidden), target=ctx.target, flavor=ctx.flavor)
         return (x_grad if ctx.needs_input_grad[0] else None, fn_grad if ctx.needs_input_grad[1] else None,
@@ -370,21 +371,22 @@ class PreSplitMixes(torch.autograd.Function):
         mixes = input_mixes.reshape(math.prod(lead), input_mixes.shape[-1]).contiguous()
         pre, post, comb = mhc_pre_split_mixes_fwd(mixes, mhc_scale, mhc_base, None, None, None, mhc_post_mult_value,
                                                   mhc_pre_eps, target=target, flavor=flavor)
-        ctx.save_for_backward(mixes, post, mhc_scale, mhc_base)
-        ctx.lead, ctx.post_mult, ctx.target, ctx.flavor = lead, mhc_post_mult_value, target, flavor
+        ctx.save_for_backward(input_mixes, post, mhc_scale, mhc_base)
+        ctx.post_mult, ctx.target, ctx.flavor = mhc_post_mult_value, target, flavor
         return (pre.view(*lead, mhc_mult, 1), post.view(*lead, mhc_mult, 1),
                 comb.view(*lead, mhc_mult, mhc_mult))
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, pre_grad, post_grad, comb_grad):
-        mixes, post, mhc_scale, mhc_base = ctx.saved_tensors
+        input_mixes, post, mhc_scale, mhc_base = ctx.saved_tensors
         tokens, n = post.shape
+        mixes = input_mixes.reshape(tokens, input_mixes.shape[-1]).contiguous()
         input_grad, scale_grad, base_grad = mhc_pre_split_mixes_bwd(
             _dense(pre_grad, post, (tokens, n)), _dense(post_grad, post, (tokens, n)),
             _dense(comb_grad, post, (tokens, n * n)), mixes, post, mhc_scale, mhc_base, None, None, None,
             ctx.post_mult, target=ctx.target, flavor=ctx.flavor)
-        return input_grad.view(*ctx.lead, mixes.shape[1]), scale_grad, base_grad, None, None, None, None, None
+        return input_grad.view(input_mixes.shape), scale_grad, base_grad, None, None, None, None, None
 
 
 def mhc_pre_split_mixes(input_mixes: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor, mhc_mult: int,
@@ -435,17 +437,19 @@ class SinkhornNormalize(torch.autograd.Function):
         n = x.shape[-1]
         logits = x.reshape(-1, n, n).contiguous()
         out = mhc_sinkhorn_fwd(logits, None, repeat, eps, target=target, flavor=flavor)
-        ctx.save_for_backward(logits)
-        ctx.shape, ctx.repeat, ctx.eps, ctx.target, ctx.flavor = x.shape, repeat, eps, target, flavor
+        ctx.save_for_backward(x)
+        ctx.repeat, ctx.eps, ctx.target, ctx.flavor = repeat, eps, target, flavor
         return out.view(x.shape)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, grad_output):
-        (logits,) = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
+        n = x.shape[-1]
+        logits = x.reshape(-1, n, n).contiguous()
         grad_input = mhc_sinkhorn_bwd(_dense(grad_output, logits, logits.shape), logits, None, ctx.repeat, ctx.eps,
                                       target=ctx.target, flavor=ctx.flavor)
-        return grad_input.view(ctx.shape), None, None, None, None
+        return grad_input.view(x.shape), None, None, None, None
 
 
 def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6, *, target: str | None = None,
@@ -491,20 +495,22 @@ class PreApplyMix(torch.autograd.Function):
         streams = x.reshape(tokens, n, hidden).contiguous()
         mhc_pre_apply_mix_fwd(streams, mix.reshape(tokens, n).contiguous(), o.view(tokens, hidden), target=target,
                               flavor=flavor)
-        ctx.save_for_backward(streams, mix)
-        ctx.x_shape, ctx.slot, ctx.target, ctx.flavor = x.shape, slot, target, flavor
+        ctx.save_for_backward(x, mix)
+        ctx.slot, ctx.target, ctx.flavor = slot, target, flavor
         return o
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, o_grad):
-        streams, mix = ctx.saved_tensors
-        tokens, n, hidden = streams.shape
+        x, mix = ctx.saved_tensors
+        n, hidden = x.shape[-2:]
+        tokens = math.prod(x.shape[:-2])
+        streams = x.reshape(tokens, n, hidden).contiguous()
         slot = ctx.slot
         x_grad = slot.current() if slot is not None else None
         fresh = x_grad is None
         if fresh:
-            x_grad = torch.zeros(ctx.x_shape, dtype=streams.dtype, device=streams.device)
+            x_grad = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
         mix_grad = mhc_pre_apply_mix_bwd(_dense(o_grad, streams, (tokens, hidden)), streams,
                                          mix.reshape(tokens, n).contiguous(), x_grad.view(tokens, n, hidden),
                                          target=ctx.target, flavor=ctx.flavor)
@@ -553,31 +559,33 @@ class Post(torch.autograd.Function):
     residual's slot buffer when it joined one."""
 
     @staticmethod
-    def forward(ctx, x, residual, post_layer_mix, comb_res_mix, out, slot, target, flavor):
+    def kernel_inputs(x, residual, post_layer_mix, comb_res_mix):
+        """The four inputs as the kernels take them: one batch of ``T`` tokens, dense."""
         n, hidden = residual.shape[-2:]
         tokens = math.prod(residual.shape[:-2])
-        inputs = (x.reshape(1, tokens, hidden).contiguous(), residual.reshape(1, tokens, n, hidden),
-                  post_layer_mix.reshape(1, tokens, n, 1).contiguous(),
-                  comb_res_mix.reshape(1, tokens, n, n).contiguous())
+        return (x.reshape(1, tokens, hidden).contiguous(), residual.reshape(1, tokens, n, hidden),
+                post_layer_mix.reshape(1, tokens, n, 1).contiguous(), comb_res_mix.reshape(1, tokens, n, n).contiguous())
+
+    @staticmethod
+    def forward(ctx, x, residual, post_layer_mix, comb_res_mix, out, slot, target, flavor):
+        inputs = Post.kernel_inputs(x, residual, post_layer_mix, comb_res_mix)
         o = out if out is not None else residual.new_empty(residual.shape)
-        mhc_post_fwd(*inputs, o.view(1, tokens, n, hidden), target=target, flavor=flavor)
-        ctx.save_for_backward(*inputs)
-        ctx.shapes = (x.shape, residual.shape, post_layer_mix.shape, comb_res_mix.shape)
+        mhc_post_fwd(*inputs, o.view(inputs[1].shape), target=target, flavor=flavor)
+        ctx.save_for_backward(x, residual, post_layer_mix, comb_res_mix)
         ctx.slot, ctx.target, ctx.flavor = slot, target, flavor
         return o
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, d_o):
-        x, residual, post_layer_mix, comb_res_mix = ctx.saved_tensors
-        x_shape, residual_shape, post_shape, comb_shape = ctx.shapes
-        d_x, d_residual, d_post, d_comb = mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix,
-                                                       _dense(d_o, residual, residual.shape), target=ctx.target,
-                                                       flavor=ctx.flavor)
+        saved = ctx.saved_tensors
+        inputs = Post.kernel_inputs(*saved)
+        grads = mhc_post_bwd(*inputs, _dense(d_o, inputs[1], inputs[1].shape), target=ctx.target, flavor=ctx.flavor)
+        d_x, d_residual, d_post, d_comb = (g.view(t.shape) for g, t in zip(grads, saved, strict=True))
         needs = ctx.needs_input_grad
-        residual_grad = _deliver(ctx.slot, d_residual.view(residual_shape), True) if needs[1] else None
-        return (d_x.view(x_shape) if needs[0] else None, residual_grad, d_post.view(post_shape) if needs[2] else None,
-                d_comb.view(comb_shape) if needs[3] else None, None, None, None, None)
+        residual_grad = _deliver(ctx.slot, d_residual, True) if needs[1] else None
+        return (d_x if needs[0] else None, residual_grad, d_post if needs[2] else None, d_comb if needs[3] else None,
+                None, None, None, None)
 
 
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
@@ -647,19 +655,20 @@ class HeadComputeMix(torch.autograd.Function):
         n = input_mix.shape[-1]
         mixes = input_mix.reshape(-1, n).contiguous()
         out = mhc_head_compute_mix_fwd(mixes, mhc_scale, mhc_base, None, mhc_pre_eps, target=target, flavor=flavor)
-        ctx.save_for_backward(mixes, mhc_scale, mhc_base)
-        ctx.shape, ctx.target, ctx.flavor = input_mix.shape, target, flavor
+        ctx.save_for_backward(input_mix, mhc_scale, mhc_base)
+        ctx.target, ctx.flavor = target, flavor
         return out.view(input_mix.shape)
 
     @staticmethod
-    @once_differentiable
+    @first_order
     def backward(ctx, output_mix_grad):
-        mixes, mhc_scale, mhc_base = ctx.saved_tensors
+        input_mix, mhc_scale, mhc_base = ctx.saved_tensors
+        mixes = input_mix.reshape(-1, input_mix.shape[-1]).contiguous()
         rows = min(max(1, -(-mixes.shape[0] // 64)), HEAD_PARTIAL_ROWS)
         input_grad, scale_partial, base_partial = mhc_head_compute_mix_bwd(
             _dense(output_mix_grad, mixes, mixes.shape), mixes, mhc_scale, mhc_base, None, None, None, rows,
             target=ctx.target, flavor=ctx.flavor)
-        return (input_grad.view(ctx.shape), _ordered_row_sum(scale_partial).view(mhc_scale.shape),
+        return (input_grad.view(input_mix.shape), _ordered_row_sum(scale_partial).view(mhc_scale.shape),
                 _ordered_row_sum(base_partial), None, None, None)
 
 

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core.autograd import first_order
+
 from .config import get_token_alignment
-from .inputs import PLAIN_DTYPES, expert_rows
+from .inputs import PLAIN_DTYPES
 from .ops.norm_backward import norm_backward
 from .ops.norm_forward import norm_forward, norm_forward_and_per_token_cast
 from .ops.swiglu_backward import swiglu_backward
@@ -79,6 +81,7 @@ class RMSNormFunction(torch.autograd.Function):
         return out, residual_out, data, sf
 
     @staticmethod
+    @first_order
     def backward(ctx, out_grad, residual_out_grad, _data_grad, _sf_grad):
         norm_input, weight, rstd = ctx.saved_tensors
         shape, hidden = norm_input.shape, norm_input.shape[-1]
@@ -105,24 +108,26 @@ class SwiGLUFunction(torch.autograd.Function):
     ``"fp32"``), differentiable in ``x`` and ``topk_weights`` (which may be None; the others are
     constants). Padding rows of the psum layout are zeros in the output and get a zero gradient.
     The backward runs ``swiglu_backward`` on the saved ``x`` (the gradient of a clamped input is
-    0).
+    0) with the forward's token alignment: a different one set in between raises ``ValueError``.
     """
 
     @staticmethod
     def forward(ctx, x, topk_weights, psum_num_tokens_per_expert, routed_scaling_factor, clamp_value):
         fmt = PLAIN_DTYPES.get(x.dtype, str(x.dtype))
         out = swiglu_forward(x, fmt, psum_num_tokens_per_expert, topk_weights, routed_scaling_factor, clamp_value)
-        if psum_num_tokens_per_expert is not None:
-            # The kernel leaves padding rows unwritten: zeros, so that no loss reads garbage.
-            valid = expert_rows(psum_num_tokens_per_expert, x.shape[0], get_token_alignment())
-            out.masked_fill_(~valid[:, None], 0)
         ctx.save_for_backward(x, topk_weights, psum_num_tokens_per_expert)
         ctx.fmt, ctx.routed_scaling_factor, ctx.clamp_value = fmt, routed_scaling_factor, clamp_value
+        ctx.alignment = get_token_alignment()
         return out
 
     @staticmethod
+    @first_order
     def backward(ctx, out_grad):
         x, topk_weights, psum = ctx.saved_tensors
+        # swiglu_backward reads the process-wide alignment: it must place the rows as the forward did.
+        if psum is not None and get_token_alignment() != ctx.alignment:
+            raise ValueError(f"SwiGLUFunction: the token alignment changed between forward ({ctx.alignment}) and "
+                             f"backward ({get_token_alignment()}); the psum layout's padding rows would move")
         grads = swiglu_backward(x, out_grad.to(x.dtype).contiguous(), ctx.fmt, psum, topk_weights,
                                 ctx.routed_scaling_factor, ctx.clamp_value)
         x_grad = grads[0]

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..compile import cache_dir
-from ..targets import FLAVORS, TARGETS, device_of, flavor_argument, resolve_flavor
+from ..targets import FLAVORS, TARGETS, device_of, resolve_flavor
 from . import bench
 from . import cache as vmi_cache
 from .registry import OpInfo, discover
@@ -116,8 +116,9 @@ def cmd_run(ops, args) -> int:
     _check_shape(op, shape)
     target = args.target
     _check_device(target)
-    # ascend, ascend-sim and cuda run their own flavor: the reference must use it too.
-    flavor = resolve_flavor(target, flavor_argument(target, args.flavor)).name
+    # ascend, ascend-sim and cuda run their own flavor (asking for another is an error, as in the
+    # API): the reference must use it too.
+    flavor = resolve_flavor(target, args.flavor).name
     inputs = op.make_inputs(shape, options, args.seed)
     if device_of(target) != "cpu":
         print(f"note: target {target!r} needs its device; the inputs are moved there")
@@ -219,7 +220,7 @@ def cmd_bench(ops, args) -> int:
         shapes = [args.shape] if args.shape else list(op.bench_shapes)
     for shape in shapes:
         _check_shape(op, shape)
-    flavor = args.flavor
+    flavor = resolve_flavor("cpu", args.flavor).name
     shown = ", ".join(f"{k}={v}" for k, v in options.items())
     inputs_of: dict = {}
     failed = False
@@ -406,8 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("op")
         p.add_argument("-o", "--opt", action="append", default=[], metavar="NAME=VALUE",
                        help="an op option, e.g. -o fmt=e2m1 -o num_per_channels=16")
-        p.add_argument("--flavor", choices=FLAVORS, default="ascend",
-                       help="bit conventions (cpu runs either; ascend/cuda use their own)")
+        p.add_argument("--flavor", choices=FLAVORS,
+                       help="bit conventions: cpu runs either (default $VMI_FLAVOR, else ascend); ascend, "
+                            "ascend-sim and cuda only their own")
         p.add_argument("--seed", type=int, default=0)
         return p
 

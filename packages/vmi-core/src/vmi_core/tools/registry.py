@@ -139,7 +139,7 @@ def _source(op: KernelOp):
     naming the op, the kernel, the options, the target, the flavor and the specialisation."""
 
     def source(options, target, flavor):
-        flavor = resolve_flavor(target, flavor_argument(target, flavor)).name
+        flavor = resolve_flavor(target, flavor).name
         kernels = op.command.kernels(options, target, flavor)
         shown = ", ".join(f"{k}={v}" for k, v in options.items()) or "none"
         parts = []

@@ -14,7 +14,8 @@ Work tiles of ``block_m`` tokens go round-robin to persistent workers. Per tile:
    slot order (duplicates of fixed routing add up; -1 slots contribute nothing);
 4. one lane per (token, expert): plus ``(h - <h, u> inv) inv`` (cuda flavor) or
    ``h inv - <h, u> inv inv`` (ascend flavor), times ``d sqrt(softplus) / dx`` from ``u``
-   (flavor's formula; exactly +0.0 at u = 0, so padded tokens give +0.0 everywhere);
+   (flavor's formula; exactly +0.0 at u = 0, so padded tokens give +0.0 everywhere); a
+   non-finite score raises the status flag;
 5. DMA the gradient rows out.
 
 On Ascend step 3 (the one-hot sum) runs as explicit vector code, one token per lane
@@ -38,7 +39,18 @@ from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LaneVar, select
 from vmi_moe.tl.softplus import sqrt_softplus_backward
 
-from .common import DENOM_EPS, STATUS_BAD_INDEX, STATUS_WORDS, clamp, padded, row_bytes, row_chunks, tile_rows
+from .common import (
+    DENOM_EPS,
+    STATUS_BAD_INDEX,
+    STATUS_NONFINITE,
+    STATUS_WORDS,
+    clamp,
+    is_nonfinite,
+    padded,
+    row_bytes,
+    row_chunks,
+    tile_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,8 @@ def build_moe_topk_gate_backward(spec: GateBackwardSpec, target: str):
                     # Per (token, expert): the auxiliary term and the derivative.
                     for i, e in T.Parallel(BM, E):
                         route = T.alloc_var("float32")
+                        if row0 + i < M and is_nonfinite(u[i, e]):
+                            STATUS[STATUS_NONFINITE] = 1
                         route = grad[i, e]
                         if spec.has_aux:
                             aux = T.alloc_var("float32")

@@ -222,8 +222,9 @@ def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_we
             given together, or ``Nseq`` does not divide ``T``; ``out`` overlaps an input.
         ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).
         ValueError: After the kernel ran (the reference ``"torch"`` raises the same before
-            computing): ``topk_idx`` holds an id outside ``[0, E)`` other than -1; ``out`` is
-            then left as it was.
+            computing): ``topk_idx`` holds an id outside ``[0, E)`` other than -1, or ``scores``
+            holds a NaN or infinity (the forward writes finite scores, 0 for padded and
+            random-routed tokens); ``out`` is then left as it was.
     """
     return MOE_TOPK_GATE_BACKWARD(scores, topk_idx, topk_weights, grad_topk_weights, routed_scaling_factor,
                                   scoring_func, mask, grad_scores_sum, out=None if out is None else (out,),

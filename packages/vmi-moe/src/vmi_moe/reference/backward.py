@@ -68,6 +68,8 @@ def moe_topk_gate_backward(scores: torch.Tensor, topk_idx: torch.Tensor, topk_we
     num_topk = topk_idx.shape[1]
     if not 1 <= num_topk <= num_experts:
         raise ValueError(f"topk_idx must have 1 to {num_experts} columns (the number of experts), got {num_topk}")
+    if not bool(torch.isfinite(scores).all()):
+        raise ValueError("scores must be finite (no NaN or inf)")
     if bool((topk_idx >= num_experts).any()):
         raise ValueError(f"topk_idx must hold logical routed ids below {num_experts} or -1")
     for name, tensor in (("topk_weights", topk_weights), ("grad_topk_weights", grad_topk_weights)):

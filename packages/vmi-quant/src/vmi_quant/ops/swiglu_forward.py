@@ -21,7 +21,7 @@ from vmi_core.tools.testing import generator, randn
 from vmi_quant.sf_layout import SFLayout
 
 from ..config import get_amax_clamp_for_quant, get_token_alignment
-from ..inputs import PLAIN_DTYPES, check_matrix, check_psum, check_same_device, check_sf_options
+from ..inputs import PLAIN_DTYPES, check_matrix, check_psum, check_same_device, check_sf_options, expert_rows
 from ..kernels import swiglu_forward as parallel
 from ..kernels.common import ScaleRule
 from ..reference import swiglu_forward as reference
@@ -153,6 +153,12 @@ def _execute(x, fmt, num_per_channels, psum, topk_weights, routed_scaling_factor
         _reference(call, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     elif launch:
         parallel.launch(call, target)
+    if launch and psum is not None:
+        # The outputs are vmi's: the padding rows the kernel skips are +0 (data) and 0 (SF bytes).
+        padding = (~expert_rows(psum, x.shape[0], call.alignment)).nonzero().squeeze(1)
+        for output in (call.out, call.sf):
+            if output is not None:
+                output.index_fill_(0, padding, 0)
     return call
 
 
@@ -277,7 +283,8 @@ def swiglu_forward(x: torch.Tensor, fmt: str, psum_num_tokens_per_expert: torch.
         psum_num_tokens_per_expert: Optional int32 ``(E,)`` contiguous, non-empty expert layout
             (TileKernels' psum): with ``A = get_token_alignment()``, expert ``e`` owns rows
             ``[align(psum[e-1], A), psum[e])`` (from row 0 for ``e = 0``), ``psum[-1] <= N``. Rows outside every
-            expert are padding: they are not read, not written and not counted. None: every
+            expert are padding: they are not read and not counted, and their output rows are
+            zeros. None: every
             row is valid.
         topk_weights: Optional fp32 ``(N,)`` contiguous per-row weight ``w``.
         routed_scaling_factor: Optional factor ``r``; the row weight is ``fl(w * fl32(r))``. Needs
@@ -297,8 +304,7 @@ def swiglu_forward(x: torch.Tensor, fmt: str, psum_num_tokens_per_expert: torch.
             ``ascend-sim`` and ``cuda`` always use their own.
 
     Returns:
-        ``(N, H)`` fp32 or bf16, contiguous. Rows outside the expert layout are not written
-        (their contents are unspecified). ``N == 0`` launches nothing and counts nothing.
+        ``(N, H)`` fp32 or bf16, contiguous. Rows outside the expert layout are +0. ``N == 0`` launches nothing and counts nothing.
 
     Raises:
         ValueError: ``fmt`` is not ``"fp32"`` or ``"bf16"``.
@@ -356,7 +362,8 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str, num_per_channel
         psum_num_tokens_per_expert: Optional int32 ``(E,)`` contiguous, non-empty expert layout
             (TileKernels' psum): with ``A = get_token_alignment()``, expert ``e`` owns rows
             ``[align(psum[e-1], A), psum[e])`` (from row 0 for ``e = 0``), ``psum[-1] <= N``. Rows outside every
-            expert are padding: they are not read, not written and not counted. None: every
+            expert are padding: they are not read and not counted, and their output rows are
+            zeros. None: every
             row is valid.
         topk_weights: Optional fp32 ``(N,)`` contiguous per-row weight ``w``.
         routed_scaling_factor: Optional factor ``r``; the row weight is ``fl(w * fl32(r))``. Needs
@@ -379,8 +386,7 @@ def swiglu_forward_and_per_token_cast(x: torch.Tensor, fmt: str, num_per_channel
         data: ``torch.float8_e4m3fn`` ``(N, H)``.
         sf: The ``(N, H / num_per_channels)`` scales: float32, or packed UE8M0 words
             ``(N, ceil(H / num_per_channels / P))``; row-major or a column-major view. Rows outside
-            the expert layout are written in neither (their contents are unspecified; pad bytes
-            of packed words are zero).
+            the expert layout are zeros in both (pad bytes of packed words are zero).
 
     Raises:
         ValueError: ``fmt`` is not ``"e4m3"``, ``"fp32"`` or ``"bf16"``; ``num_per_channels`` is
