@@ -53,7 +53,7 @@ def first_order(backward):
             return grads[0] if single else grads
         guarded = _NotDifferentiable.apply(function, len(present), *(grads[i] for i in present), *sources)
         out = list(grads)
-        for i, g in zip(present, guarded):
+        for i, g in zip(present, guarded, strict=True):
             out[i] = g
         return out[0] if single else tuple(out)
 

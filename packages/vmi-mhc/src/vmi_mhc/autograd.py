@@ -564,7 +564,8 @@ class Post(torch.autograd.Function):
         n, hidden = residual.shape[-2:]
         tokens = math.prod(residual.shape[:-2])
         return (x.reshape(1, tokens, hidden).contiguous(), residual.reshape(1, tokens, n, hidden),
-                post_layer_mix.reshape(1, tokens, n, 1).contiguous(), comb_res_mix.reshape(1, tokens, n, n).contiguous())
+                post_layer_mix.reshape(1, tokens, n, 1).contiguous(),
+                comb_res_mix.reshape(1, tokens, n, n).contiguous())
 
     @staticmethod
     def forward(ctx, x, residual, post_layer_mix, comb_res_mix, out, slot, target, flavor):

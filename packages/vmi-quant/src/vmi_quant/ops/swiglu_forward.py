@@ -304,7 +304,8 @@ def swiglu_forward(x: torch.Tensor, fmt: str, psum_num_tokens_per_expert: torch.
             ``ascend-sim`` and ``cuda`` always use their own.
 
     Returns:
-        ``(N, H)`` fp32 or bf16, contiguous. Rows outside the expert layout are +0. ``N == 0`` launches nothing and counts nothing.
+        ``(N, H)`` fp32 or bf16, contiguous. Rows outside the expert layout are +0. ``N == 0``
+        launches nothing and counts nothing.
 
     Raises:
         ValueError: ``fmt`` is not ``"fp32"`` or ``"bf16"``.
