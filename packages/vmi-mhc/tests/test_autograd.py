@@ -543,3 +543,20 @@ def test_input_changed_in_place_before_backward_is_torchs_error(case):
         next(iter(p.values())).add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@pytest.mark.parametrize("case", [0, 4, 5])
+def test_v1_storage_buffer_is_refused_not_left_zero(case):
+    """v1 code puts a zero buffer on the residual's storage before backward and reads it after:
+    vmi never fills it, so the backward of mhc_pre_norm_fn, mhc_pre_apply_mix and mhc_post raises."""
+    _, call, inputs = _second_order_cases()[case]
+    p = leaves(inputs)
+    outputs = call(**p)
+    residual = p["residual"] if "residual" in p else p["x"]
+    if case == 5:  # mhc_post's residual is not a leaf of the case: give it one
+        residual = randn((*FEW, N, HIDDEN), 66, torch.bfloat16).requires_grad_()
+        outputs = mhc_post(p["x"], residual, p["post_layer_mix"], randn((*FEW, N, N), 67), target="torch")
+    residual.untyped_storage().grad_from_mhc_post = torch.zeros_like(residual)
+    loss = sum(o.float().sum() for o in (outputs if isinstance(outputs, tuple) else (outputs,)))
+    with pytest.raises(RuntimeError, match="grad_from_mhc_post"):
+        loss.backward()

@@ -391,3 +391,33 @@ def test_reference_float64_backward_is_the_derivative():
     want = reference.fn_normw_merge_bwd_float64(fn.detach(), normw.detach(), out_fn_grad, *zeros)
     torch.testing.assert_close(want[0], fn.grad, rtol=1e-12, atol=0)
     torch.testing.assert_close(want[1], normw.grad, rtol=1e-12, atol=0)
+
+
+def test_the_stages_compose_as_they_come():
+    """The prenorm GEMM's partials ``(S, T, n3)``, ``(S, T)`` feed the reduction, and the reduction
+    backward's ``(T, 1, n3)``, ``(T, 1)`` feed the GEMM backward, with the bits of spelling out the
+    group axis (or dropping it) by hand."""
+    from vmi_mhc.ops.pre_norm_fn_gemm import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
+
+    tokens, mix, hidden, splits = 5, 24, 256, 2
+    x = randn((tokens, hidden), 90, torch.bfloat16)
+    fn = randn((mix, hidden), 91) * hidden ** -0.5
+    out_mul_splitted, sqrsum_splitted = mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=splits, target="torch")
+    assert out_mul_splitted.shape == (splits, tokens, mix) and sqrsum_splitted.shape == (splits, tokens)
+    direct = mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted, sqrsum_splitted, None, None, None, hidden, 1e-6,
+                                                 splits, target="torch")
+    by_hand = mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted.view(splits, tokens, 1, mix),
+                                                  sqrsum_splitted.view(splits, tokens, 1), None, None, None, hidden,
+                                                  1e-6, splits, target="torch")
+    for got, want, name in zip(direct, by_hand, ("out_mul", "sqrsum", "out"), strict=True):
+        assert_bitwise_equal(got, want, name)
+    out_mul, sqrsum, _ = direct
+    out_mul_grad, sqrsum_grad = mhc_reduce_partials_and_rmsnorm_bwd(randn((tokens, mix), 92), out_mul, sqrsum, None,
+                                                                    None, hidden, 1e-6, target="torch")
+    assert out_mul_grad.shape == (tokens, 1, mix) and sqrsum_grad.shape == (tokens, 1)
+    x_grads = [torch.zeros(tokens, hidden, dtype=torch.bfloat16) for _ in range(2)]
+    _, fn_grad = mhc_pre_norm_fn_gemm_bwd(out_mul_grad, sqrsum_grad, x, fn, x_grads[0], target="torch")
+    _, want_fn_grad = mhc_pre_norm_fn_gemm_bwd(out_mul_grad.view(tokens, mix), sqrsum_grad.view(tokens), x, fn,
+                                               x_grads[1], target="torch")
+    assert_bitwise_equal(fn_grad, want_fn_grad, "fn_grad")
+    assert_bitwise_equal(x_grads[0], x_grads[1], "x_grad")

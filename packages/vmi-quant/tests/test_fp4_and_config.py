@@ -85,14 +85,18 @@ def test_expert_rows_of_the_spec_example():
     from vmi_quant.inputs import check_psum, expert_rows
 
     psum = torch.tensor([3, 4, 9], dtype=torch.int32)  # counts [3, 0, 5], alignment 4
-    check_psum(psum, "psum", 12, 4, torch.device("cpu"))
+    check_psum(psum, "psum", 12, torch.device("cpu"))
     valid = expert_rows(psum, 12, 4)
     assert valid.tolist() == [True] * 3 + [False] + [True] * 5 + [False] * 3
+    # The empty expert ending at the previous end, before its aligned start (TileKernels accepts it).
+    early_end = torch.tensor([3, 3, 9], dtype=torch.int32)
+    check_psum(early_end, "psum", 12, torch.device("cpu"))
+    assert expert_rows(early_end, 12, 4).tolist() == valid.tolist()
     assert expert_rows(None, 5, 4).tolist() == [True] * 5
 
 
 @pytest.mark.parametrize("psum,error", [
-    (torch.tensor([3, 2], dtype=torch.int32), "psum\\[1\\] = 2 is below its expert's first row 4"),
+    (torch.tensor([3, 2], dtype=torch.int32), "psum must not decrease: psum\\[1\\] = 2 is below psum\\[0\\] = 3"),
     (torch.tensor([-1], dtype=torch.int32), "psum\\[0\\] must be >= 0"),
     (torch.tensor([3, 13], dtype=torch.int32), "exceeds the number of rows, 12"),
     (torch.tensor([], dtype=torch.int32), "at least one expert"),
@@ -103,6 +107,6 @@ def test_check_psum_refuses_bad_layouts(psum, error):
     from vmi_quant.inputs import check_psum
 
     with pytest.raises(ValueError, match=error):
-        check_psum(psum, "psum", 12, 4, torch.device("cpu"))
+        check_psum(psum, "psum", 12, torch.device("cpu"))
     with pytest.raises(TypeError, match="psum must be torch.int32"):
-        check_psum(psum.long(), "psum", 12, 4, torch.device("cpu"))
+        check_psum(psum.long(), "psum", 12, torch.device("cpu"))

@@ -244,6 +244,13 @@ def test_rows_outside_experts():
     rows = torch.tensor([0, 1, 2, 4, 5, 6, 7, 8])
     assert (data.view(torch.uint8)[rows] != SENTINEL).any(dim=1).all()
     assert counter[3].item() == 8 * 128
+    # TileKernels' empty expert may also end before its aligned start (psum [3, 3, 9]): the same rows.
+    early_end = torch.tensor([3, 3, 9], dtype=torch.int32)
+    assert torch.equal(expert_rows(early_end, 12, 4), expert_rows(psum, 12, 4))
+    again = _run(COVERING[1], x, early_end, randn((12,), 4), RSF, 0.5, torch.zeros(4, dtype=torch.int64), "cpu",
+                 "ascend")
+    assert_bitwise_equal(again[0][rows], data[rows], "data")
+    assert_bitwise_equal(again[1][rows], sf[rows], "sf")
 
 
 def test_clamp_counts_example():

@@ -80,6 +80,10 @@ def _view_key(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
+# The storage attribute through which v1's layer functions pass the residual gradient.
+V1_GRAD_ATTRIBUTE = "grad_from_mhc_post"
+
+
 class ResidualGradSlot:
     """The bf16 gradient buffer of one residual during one backward pass, owned by the fused
     norm_fn node of that residual (see the module docstring)."""
@@ -173,6 +177,15 @@ def check_norm_fn_options(mhc_hidden: int, eps, eps_name: str, n_splits, records
     if records and mhc_hidden % BWD_ALIGN:
         raise ValueError(f"residual: the backward of the prenorm GEMM needs n·H to be a multiple of "
                          f"{BWD_ALIGN}, got {mhc_hidden}")
+
+
+def _refuse_v1_buffer(residual: torch.Tensor) -> None:
+    """v1 code hands the residual gradient over in an attribute of the residual's storage, which vmi
+    never fills: raise rather than leave the caller reading the zeros it put there."""
+    if hasattr(residual.untyped_storage(), V1_GRAD_ATTRIBUTE):
+        raise RuntimeError(f"the residual's storage has TileKernels v1's `{V1_GRAD_ATTRIBUTE}` buffer, which vmi "
+                           f"does not fill: the residual gradient comes through autograd (`residual.grad`, or the "
+                           f"result of torch.autograd.grad); delete the attribute")
 
 
 def _dense(grad: torch.Tensor | None, like: torch.Tensor, shape: tuple) -> torch.Tensor:
@@ -277,8 +290,8 @@ class PreNormFn(torch.autograd.Function):
         out_mul_splitted, sqrsum_splitted = mhc_pre_norm_fn_gemm_fwd(x, fn, n_splits=n_splits, target=target,
                                                                      flavor=flavor)
         out_mul, sqrsum, out = mhc_reduce_partials_and_rmsnorm_fwd(
-            out_mul_splitted.view(n_splits, tokens, 1, mix), sqrsum_splitted.view(n_splits, tokens, 1), None, None,
-            None, mhc_hidden, norm_eps, n_splits, target=target, flavor=flavor)
+            out_mul_splitted, sqrsum_splitted, None, None, None, mhc_hidden, norm_eps, n_splits, target=target,
+            flavor=flavor)
         ctx.save_for_backward(residual, fn, out_mul, sqrsum)
         ctx.norm_eps, ctx.target, ctx.flavor = norm_eps, target, flavor
         ctx.residual_grad_slot = ResidualGradSlot(residual) if fuse_grad_acc and ctx.needs_input_grad[0] else None
@@ -288,6 +301,7 @@ class PreNormFn(torch.autograd.Function):
     @first_order
     def backward(ctx, out_grad):
         residual, fn, out_mul, sqrsum = ctx.saved_tensors
+        _refuse_v1_buffer(residual)
         mix, mhc_hidden = fn.shape
         tokens = math.prod(residual.shape[:-2])
         x = residual.reshape(tokens, mhc_hidden).contiguous()
@@ -298,8 +312,8 @@ class PreNormFn(torch.autograd.Function):
         x_grad = slot.take() if slot is not None else None
         if x_grad is None:
             x_grad = torch.zeros(residual.shape, dtype=x.dtype, device=x.device)
-        _, fn_grad = mhc_pre_norm_fn_gemm_bwd(out_mul_grad.view(tokens, mix), sqrsum_grad.view(tokens), x, fn,
-                                              x_grad.view(tokens, mhc_hidden), target=ctx.target, flavor=ctx.flavor)
+        _, fn_grad = mhc_pre_norm_fn_gemm_bwd(out_mul_grad, sqrsum_grad, x, fn, x_grad.view(tokens, mhc_hidden),
+                                              target=ctx.target, flavor=ctx.flavor)
         return (x_grad if ctx.needs_input_grad[0] else None, fn_grad if ctx.needs_input_grad[1] else None,
                 None, None, None, None, None)
 
@@ -503,6 +517,7 @@ class PreApplyMix(torch.autograd.Function):
     @first_order
     def backward(ctx, o_grad):
         x, mix = ctx.saved_tensors
+        _refuse_v1_buffer(x)
         n, hidden = x.shape[-2:]
         tokens = math.prod(x.shape[:-2])
         streams = x.reshape(tokens, n, hidden).contiguous()
@@ -580,6 +595,7 @@ class Post(torch.autograd.Function):
     @first_order
     def backward(ctx, d_o):
         saved = ctx.saved_tensors
+        _refuse_v1_buffer(saved[1])
         inputs = Post.kernel_inputs(*saved)
         grads = mhc_post_bwd(*inputs, _dense(d_o, inputs[1], inputs[1].shape), target=ctx.target, flavor=ctx.flavor)
         d_x, d_residual, d_post, d_comb = (g.view(t.shape) for g, t in zip(grads, saved, strict=True))

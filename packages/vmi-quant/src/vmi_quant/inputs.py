@@ -178,13 +178,13 @@ def expert_starts(psum: torch.Tensor, alignment: int) -> torch.Tensor:
     return torch.cat([aligned.new_zeros(1), aligned])
 
 
-def check_psum(psum, name: str, num_rows: int, alignment: int, device: torch.device) -> torch.Tensor:
+def check_psum(psum, name: str, num_rows: int, device: torch.device) -> torch.Tensor:
     """Check a psum layout ``psum[e]`` = end of expert ``e``'s rows (quant-b spec §0.5).
 
-    A non-empty contiguous 1-D int32 tensor on ``device`` whose experts' ranges are well formed:
-    ``psum[0] >= 0``, ``psum[e] >= align(psum[e - 1], alignment)`` (an expert's range starts at the
-    aligned end of the previous one and may be empty) and ``psum[-1] <= num_rows``. The values are
-    read (not when traced), so a bad layout is a ValueError before any kernel runs.
+    A non-empty contiguous 1-D int32 tensor on ``device`` with ``0 <= psum[0]``, ends that do not
+    decrease and ``psum[-1] <= num_rows``. An expert whose end lies before its aligned start
+    (``psum[e] < align(psum[e - 1])``) owns no row, as in TileKernels. The values are read (not
+    when traced), so a bad layout is a ValueError before any kernel runs.
     """
     check_tensor(psum, name, dtype=torch.int32, dim=1, device=device, contiguous=True)
     if psum.numel() == 0:
@@ -194,12 +194,11 @@ def check_psum(psum, name: str, num_rows: int, alignment: int, device: torch.dev
     values = psum.cpu()
     if int(values[0]) < 0:
         raise ValueError(f"{name}[0] must be >= 0, got {int(values[0])}")
-    starts = expert_starts(values, alignment)
-    bad = (values.long() < starts).nonzero()
+    bad = (values[1:] < values[:-1]).nonzero()
     if bad.numel():
-        e = int(bad[0, 0])
-        raise ValueError(f"{name}[{e}] = {int(values[e])} is below its expert's first row {int(starts[e])} "
-                         f"(align({name}[{e - 1}], {alignment}))")
+        e = int(bad[0, 0]) + 1
+        raise ValueError(f"{name} must not decrease: {name}[{e}] = {int(values[e])} is below "
+                         f"{name}[{e - 1}] = {int(values[e - 1])}")
     if int(values[-1]) > num_rows:
         raise ValueError(f"{name}[-1] = {int(values[-1])} exceeds the number of rows, {num_rows}")
     return psum

@@ -273,6 +273,11 @@ mhc_fn_normw_merge_bwd_parallel = parallel_entry(mhc_fn_normw_merge_bwd, "fn")
 
 def _run_reduce_fwd(out_mul_splitted, sqrsum_splitted, rms_group_size, rms_eps, n_splits, *, out, target, flavor,
                     launch):
+    # mhc_pre_norm_fn_gemm_fwd writes the partials without the group axis (DeepGEMM's shapes): G = 1.
+    if isinstance(out_mul_splitted, torch.Tensor) and out_mul_splitted.dim() == 3:
+        out_mul_splitted = out_mul_splitted.unsqueeze(2)
+    if isinstance(sqrsum_splitted, torch.Tensor) and sqrsum_splitted.dim() == 2:
+        sqrsum_splitted = sqrsum_splitted.unsqueeze(2)
     _f32(out_mul_splitted, "out_mul_splitted", (None, None, None, None))
     splits, tokens, groups, mix = out_mul_splitted.shape
     _check_single_group(groups, "out_mul_splitted")
@@ -354,8 +359,9 @@ def mhc_reduce_partials_and_rmsnorm_fwd(out_mul_splitted: torch.Tensor, sqrsum_s
     ``1 <= n_splits <= 64``; ``eps`` is rounded to fp32 once.
 
     Args:
-        out_mul_splitted: fp32 ``(S, T, 1, n3)`` contiguous partial products, ``1 <= n3 <= 32``.
-        sqrsum_splitted: fp32 ``(S, T, 1)`` contiguous partial square sums.
+        out_mul_splitted: fp32 ``(S, T, 1, n3)`` contiguous partial products, ``1 <= n3 <= 32``,
+            or ``(S, T, n3)`` as ``mhc_pre_norm_fn_gemm_fwd`` writes them.
+        sqrsum_splitted: fp32 ``(S, T, 1)`` contiguous partial square sums, or ``(S, T)``.
         out_mul: fp32 ``(T, 1, n3)`` contiguous output (None allocates it).
         sqrsum: fp32 ``(T, 1)`` contiguous output (None allocates it).
         out: fp32 ``(T, n3)`` contiguous output, the mixes (None allocates it).

@@ -6,7 +6,8 @@ out_partials, sqrsum_partials, num_splits)``, Ascend an unpublished "HC prenorm 
 TileLang kernels ``_mhc_pre_norm_fn_fwd_mul`` / ``_mhc_pre_norm_fn_bwd_mul``. The names here are
 vmi's; the forward's arguments are DeepGEMM's (``out_partials`` = ``out_mul_splitted``,
 ``sqrsum_partials`` = ``sqrsum_splitted``, ``num_splits`` = ``n_splits``), its outputs the inputs
-of ``mhc_reduce_partials_and_rmsnorm_fwd`` (with ``G = 1`` squeezed); the backward's are v1's.
+of ``mhc_reduce_partials_and_rmsnorm_fwd`` (which takes them with or without the ``G = 1`` axis);
+the backward's are v1's, and it takes the reduction backward's outputs as they come.
 ``target`` and ``flavor`` are vmi's additions (see vmi_core.targets).
 """
 
@@ -184,6 +185,11 @@ def _prepare_bwd(out_mul_grad, sqrsum_grad, x, fn, x_grad, fn_grad, target, flav
     if hidden % BWD_ALIGN:
         raise ValueError(f"the backward needs K = n·H (x's columns) a multiple of {BWD_ALIGN}, got {hidden}")
     device = x.device
+    # mhc_reduce_partials_and_rmsnorm_bwd gives them with the group axis (G = 1): (T, 1, n3), (T, 1).
+    if isinstance(out_mul_grad, torch.Tensor) and out_mul_grad.dim() == 3 and out_mul_grad.shape[1] == 1:
+        out_mul_grad = out_mul_grad[:, 0]
+    if isinstance(sqrsum_grad, torch.Tensor) and sqrsum_grad.dim() == 2 and sqrsum_grad.shape[1] == 1:
+        sqrsum_grad = sqrsum_grad[:, 0]
     check_tensor(out_mul_grad, "out_mul_grad", dtype=torch.float32, shape=(num_tokens, mix), device=device,
                  contiguous=True)
     check_tensor(sqrsum_grad, "sqrsum_grad", dtype=torch.float32, shape=(num_tokens,), device=device,
@@ -335,8 +341,10 @@ def mhc_pre_norm_fn_gemm_bwd(out_mul_grad: torch.Tensor, sqrsum_grad: torch.Tens
     bits. Non-finite inputs propagate as in IEEE arithmetic (see the forward's assumptions).
 
     Args:
-        out_mul_grad: fp32 ``(T, n3)`` contiguous: the gradient of the summed products (stage D).
-        sqrsum_grad: fp32 ``(T,)`` contiguous: the gradient of the square sums (stage D).
+        out_mul_grad: fp32 ``(T, n3)`` contiguous: the gradient of the summed products (stage D);
+            or ``(T, 1, n3)`` as ``mhc_reduce_partials_and_rmsnorm_bwd`` gives it.
+        sqrsum_grad: fp32 ``(T,)`` contiguous: the gradient of the square sums (stage D); or
+            ``(T, 1)``.
         x: The forward's bf16 ``(T, K)`` contiguous input; ``K`` a multiple of 256.
         fn: The forward's fp32 ``(n3, K)`` contiguous ``fn_eff`` (rounded to TF32 here again).
         x_grad: bf16 ``(T, K)`` contiguous accumulation buffer, updated in place; it must not

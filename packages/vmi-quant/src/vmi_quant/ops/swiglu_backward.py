@@ -148,7 +148,7 @@ def _prepare(quantized, x, x_sf, act_x_grad, fmt, num_per_channels, psum, topk_w
             raise ValueError(f"clamp_value must be >= 0, got {clamp_value}")
     alignment = get_token_alignment()
     if psum is not None:
-        check_psum(psum, "psum_num_tokens_per_expert", num_tokens, alignment, device)
+        check_psum(psum, "psum_num_tokens_per_expert", num_tokens, device)
 
     out_dtype = torch.bfloat16 if quantized else PLAIN_FMTS[fmt]
     x_grad = torch.empty((num_tokens, 2 * hidden), dtype=out_dtype, device=device)

@@ -74,7 +74,7 @@ def _check_x(x) -> tuple[int, int]:
 def _check_expert_inputs(x, psum, topk_weights, routed_scaling_factor, clamp_value, clamped_count):
     num_rows = x.shape[0]
     if psum is not None:
-        check_psum(psum, "psum_num_tokens_per_expert", num_rows, get_token_alignment(), x.device)
+        check_psum(psum, "psum_num_tokens_per_expert", num_rows, x.device)
     if topk_weights is not None:
         check_tensor(topk_weights, "topk_weights", dtype=torch.float32, shape=(num_rows,), contiguous=True)
         check_same_device(topk_weights, "topk_weights", x.device)
