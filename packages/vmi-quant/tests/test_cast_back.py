@@ -166,3 +166,7 @@ def test_torch_target_and_parallel_entries():
     assert_bitwise_equal(per_token_cast_back_parallel(q, "bf16", 64, flavor="cuda"), want, "per_token parallel")
     with pytest.raises(ValueError, match="target 'torch'"):
         cast_back_parallel(q, "bf16", (1, 64), target="torch", flavor="cuda")
+    # Any group width, as cast_back's blocks (the quantizing ops' 16..128 is their kernels' limit).
+    wide = reference.cast(x, "e4m3", (1, 192), round_sf=True)
+    assert_bitwise_equal(per_token_cast_back(wide, "bf16", 192, target="torch"),
+                         reference.cast_back(wide, "bf16", (1, 192)), "a group of 192")

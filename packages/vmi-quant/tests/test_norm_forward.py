@@ -125,12 +125,16 @@ def _clear_pad_bytes(sf: torch.Tensor, groups: int) -> torch.Tensor:
     return bytes_.view(sf.dtype).reshape(sf.shape)
 
 
-def _check_cast(case, target=None, shapes=None):
+def _check_cast(case, target=None, shapes=None, non_finite=False):
+    """With ``non_finite``, rows 3, 5 and 6 of 2-D shapes hold a NaN, +inf and -inf (rstd NaN in the
+    ascend flavor: every NaN must be the reference's canonical one)."""
     dtype, hidden, _, _, out_scale, flavor, col_major, round_sf, packed, with_bf16, block_m = case
     for seed, (shape, row_pad, batch_pad) in enumerate(shapes or _shapes(hidden)):
         if block_m and len(shape) == 3:
             continue
         x, weight, residual = _inputs(case, shape, seed, row_pad, batch_pad)
+        if non_finite and len(shape) == 2 and shape[0] > 6:
+            x[3, 17], x[5, 150], x[6, 0] = float("nan"), float("inf"), -float("inf")
         mega = _mega_buffer(shape[0], hidden, block_m, seed) if block_m else None
         want_mega = None if mega is None else _mega_buffer(shape[0], hidden, block_m, seed)
         options = dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed,
@@ -253,6 +257,8 @@ def test_non_finite_rows(case):
     assert_bitwise_equal(rstd, want[1], "rstd")
     canonical_nan = 0x7FC0 if dtype == "bf16" else 0x7FC00000
     assert torch.isnan(rstd[3])
+    nan_rows = [3, 5, 6] if flavor == "ascend" else [3]
+    assert (rstd[nan_rows].view(torch.int32) == 0x7FC00000).all(), "a NaN rstd is the canonical +NaN"
     assert torch.isnan(out[3]).all() and (out[3].view(torch.int16 if dtype == "bf16" else torch.int32)
                                           == canonical_nan).all()
     if flavor == "ascend":
@@ -352,7 +358,7 @@ SIM_SHAPES = [((1, 256), 0, 0), ((150, 256), 16, 0)]
 
 @pytest.mark.parametrize("target", ["ascend-sim"])
 def test_cast_on_ascend_sim(target):
-    _check_cast(SIM_CAST_CASE, target=target, shapes=SIM_SHAPES)
+    _check_cast(SIM_CAST_CASE, target=target, shapes=SIM_SHAPES, non_finite=True)
 
 
 @pytest.mark.slow

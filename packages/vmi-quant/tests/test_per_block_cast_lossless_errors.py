@@ -58,3 +58,26 @@ def test_packed_along_tokens_cannot_be_column_major():
     with pytest.raises(ValueError, match="cannot be column-major"):
         per_block_cast_lossless(qx, "e4m3", (32, 1), (32, 1), use_tma_aligned_col_major_sf=True, round_sf=True,
                                 use_packed_ue8m0=True)
+
+
+@pytest.mark.usefixtures("no_kernel")
+@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
+@pytest.mark.parametrize("byte", [0, 255])
+def test_packed_sf_bytes_outside_1_to_254_are_refused(byte, flavor):
+    """Byte 0 (2^-127) and 255 (NaN) in a used byte of a packed input SF, like an fp32 SF that is not
+    a normal power of two, raise before any kernel (and in the reference); a pad byte is not read."""
+    block = (1, 128)
+    data, sf = reference.cast(torch.ones(128, 384), "e2m1", block, round_sf=True, use_packed_ue8m0=True,
+                              flavor=flavor)
+    raw = sf.view(torch.uint8)  # 3 SF per row: the last word of each row has a pad byte
+    assert 3 % (raw.shape[1] // sf.shape[1])
+    padded = raw.clone()
+    padded[:, -1] = byte
+    bad = raw.clone()
+    bad[5, 1] = byte
+    per_block_cast_lossless((data, padded.view(sf.dtype)), "e4m3", block, block, round_sf=True,
+                            use_packed_ue8m0=True, flavor=flavor, target="torch")
+    for run in (per_block_cast_lossless, reference.per_block_cast_lossless):
+        with pytest.raises(ValueError, match=f"packed UE8M0.*block \\[5, 1\\] is byte {byte}"):
+            run((data, bad.view(sf.dtype)), "e4m3", block, block, round_sf=True, use_packed_ue8m0=True,
+                flavor=flavor)

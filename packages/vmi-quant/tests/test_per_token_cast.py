@@ -204,6 +204,17 @@ def test_sf_only_and_precomputed_sf(in_dtype, fmt, sf_mode):
         assert_bitwise_equal(cast_only, data, "precomputed power-of-two sf reproduces the cast")
 
 
+def test_round_sf_does_not_specialise_the_precomputed_sf_kernel():
+    # The given SF is only read: one kernel for both values (no second compile).
+    from vmi_quant.ops.per_token_cast import PerTokenCastOptions, SFOptions, _prepare
+
+    x = _inputs((4, 64), torch.float32, 3, 32)
+    _, sf = reference.cast(x, "e4m3", (1, 32))
+    specs = {_prepare(PerTokenCastOptions("e4m3", 32, sf=SFOptions(round_sf=round_sf), mode="cast_only"), x, None,
+                      sf, "cpu", None)[1].spec for round_sf in (False, True)}
+    assert len(specs) == 1
+
+
 @pytest.mark.slow
 def test_sf_only_and_precomputed_sf_on_ascend_sim():
     # sf-only with packed row-major SF (int16 pairs written byte by byte), the cast with a

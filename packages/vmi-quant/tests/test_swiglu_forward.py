@@ -27,6 +27,7 @@ from vmi_quant.ops.swiglu_forward import (
     swiglu_forward_parallel,
 )
 from vmi_quant.reference import swiglu_forward as reference
+from vmi_quant.reference.cast import to_dtype
 from vmi_quant.sf_layout import align
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -65,7 +66,9 @@ def _psum(num_rows: int, seed: int) -> torch.Tensor:
 def _values(shape, seed, dtype):
     """``(N, 2H)`` inputs around the clamp values, with clamp ties (0.5, -0.5), gates whose silu
     quotient is subnormal (1.5 * 2^-126) or that are subnormal themselves (2^-130), gates whose
-    ``exp(-a)`` overflows (-100) and huge gates."""
+    ``exp(-a)`` overflows (-100) and huge gates; in row 0 of two or more, NaN: a -inf gate
+    (``-inf / inf``) and a negative NaN gate (bf16 ``0xFFFF``, which torch's own bf16 conversion
+    also writes for a NaN): every NaN written must be the canonical +NaN."""
     rows, hidden = shape
     x = randn((rows, 2 * hidden), seed) * 2
     if rows:
@@ -76,6 +79,9 @@ def _values(shape, seed, dtype):
         x[:, 3] = 1e4
         x[:, 4] = 1.5 * 2.0 ** -126
         x[:, hidden + 3] = -3.0
+    if rows > 1:
+        x[0, 5] = -float("inf")
+        x[0, 6] = torch.tensor(-1, dtype=torch.int32).view(torch.float32)
     return x.to(dtype)
 
 
@@ -148,7 +154,7 @@ def _check_case(case, shapes=SHAPES, *, target="cpu", offset=0):
         else:
             (out,) = outputs
             assert out.shape == y.shape and out.is_contiguous(), label
-            assert_bitwise_equal(out[valid], y[valid].to(DTYPES[fmt]), f"out [{label}]")
+            assert_bitwise_equal(out[valid], to_dtype(y[valid], DTYPES[fmt]), f"out [{label}]")
         if counter is not None:
             assert counter.tolist() == (torch.tensor(COUNTER_START) + counts).tolist(), label
 
@@ -179,12 +185,12 @@ def _check_entry_point_results(case):
         args = (x, "bf16", psum, topk, RSF, 0.5)
         for out in (swiglu_forward(*args, torch.zeros(4, dtype=torch.int64), target="torch"),
                     swiglu_forward_parallel(*args, torch.zeros(4, dtype=torch.int64))):
-            assert_bitwise_equal(out[valid], y[valid].bfloat16(), "bf16 out")
+            assert_bitwise_equal(out[valid], to_dtype(y[valid], torch.bfloat16), "bf16 out")
             _assert_padding_zero([out], valid, "bf16 out")
         # fmt bf16/fp32 with num_per_channels None: the plain SwiGLU, one tensor (as TileKernels).
         plain = swiglu_forward_and_per_token_cast(x, "bf16", None, psum, topk, RSF, clamp_value=0.5,
                                                   clamped_count=torch.zeros(4, dtype=torch.int64))
-        assert_bitwise_equal(plain[valid], y[valid].bfloat16(), "plain out")
+        assert_bitwise_equal(plain[valid], to_dtype(y[valid], torch.bfloat16), "plain out")
         _assert_padding_zero([plain], valid, "plain out")
         with pytest.raises(ValueError, match="target 'torch'"):
             swiglu_forward_parallel(x, "fp32", target="torch")
@@ -297,7 +303,7 @@ def test_strided_rows():
     counter = torch.zeros(4, dtype=torch.int64)
     got = swiglu_forward(x, "bf16", psum, topk, RSF, 0.5, counter)
     y, valid, counts = reference.swiglu_forward(x.contiguous(), psum, topk, RSF, 0.5, ALIGNMENT, "ascend")
-    assert_bitwise_equal(got[valid], y[valid].bfloat16(), "out")
+    assert_bitwise_equal(got[valid], to_dtype(y[valid], torch.bfloat16), "out")
     assert torch.equal(counter, counts)
 
 

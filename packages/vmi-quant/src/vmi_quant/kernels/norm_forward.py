@@ -185,7 +185,9 @@ def build_norm_forward(spec: NormForwardSpec, target: str):
         if spec.has_residual:
             sh.elementwise((BM, HP), lambda at: residual_sum(x, res, at), x)
         sh.row_sum(ss, (BM, HP), lambda at: square_term(x, at), fused=True)
-        sh.rowwise(BM, lambda at: at.store_row_value(rs, rstd(_rows_value(ss, at), H, spec.eps, spec.flavor)))
+        # The ascend flavor's compensation turns an infinite sum into a NaN of the target's making.
+        sh.rowwise(BM, lambda at: at.store_row_value(rs, canonical_nan(rstd(_rows_value(ss, at), H, spec.eps,
+                                                                            spec.flavor))))
         sh.elementwise((BM, HP), lambda at: normalized(x, w, rs, at), (u, ob) if bf16_tile else u)
 
     @T.macro

@@ -177,7 +177,9 @@ def per_token_cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, num_per_
 
     Args:
         num_per_channels: Channels per SF value (the SF block is ``(1, num_per_channels)``);
-            any int in ``[1, 2^31 - 1]``.
+            any int in ``[1, 2^31 - 1]``, as ``cast_back`` takes any block (TileKernels' CUDA
+            kernel too). The casts that produce such tensors take 16..128: their limit is the
+            quantizing kernels', not the format's.
 
     Returns:
         The ``(M, K)`` bf16 or fp32 tensor ``cast_back`` returns.

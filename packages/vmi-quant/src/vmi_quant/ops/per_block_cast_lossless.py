@@ -21,7 +21,7 @@ from ..inputs import check_matrix, check_same_device, logical_cols, sf_layout_of
 from ..kernels import per_block_cast_lossless as parallel
 from ..options import SFOptions
 from ..reference.cast import cast as reference_cast
-from ..reference.lossless import check_power_of_two_sf
+from ..reference.lossless import check_power_of_two_sf, check_ue8m0_sf_bytes
 from ..reference.lossless import per_block_cast_lossless as reference_lossless
 from . import demo
 from .per_token_cast import SF_FLAGS
@@ -85,6 +85,7 @@ def _prepare(x, fmt, x_block_size, out_block_size, sf_options: SFOptions, target
     # (a traced SF has no values; the real call checks them).
     if not is_traced(in_sf):
         check_power_of_two_sf(in_sf, "x sf")
+        check_ue8m0_sf_bytes(in_sf, (num_tokens, hidden), x_block, flavor, "x sf")
     if sf_options.use_packed_ue8m0 and sf_options.use_tma_aligned_col_major_sf and out_block[1] == 1:
         raise ValueError("an SF packed along tokens (out_block_size[1] == 1) cannot be column-major")
     layout = sf_options.layout(flavor, block_k=out_block[1])
@@ -173,7 +174,8 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
     Only the exponent bits of an fp32 ``sf`` are used, so every element must be a positive normal
     power of two (2^-126 .. 2^127, what UE8M0 bytes 1..254 decode to); any other value (a
     mantissa, a sign, 0.0, a subnormal, inf, NaN) raises ValueError naming ``x sf`` before any
-    kernel runs (a one-pass check on the SF tensor).
+    kernel runs (a one-pass check on the SF tensor); likewise a packed UE8M0 byte 0 (2^-127) or
+    255 (NaN) among the bytes the blocks use.
 
     Args:
         x: ``(data, sf)``: packed FP4 int8 ``(M, K/2)`` data with ``M`` and ``K`` multiples of
@@ -211,8 +213,8 @@ def per_block_cast_lossless(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_bl
             without ``round_sf``; packed, column-major and ``out_block_size[1] == 1``; the data
             is not 2-D, has a non-unit inner stride or overlapping rows, is too large for 32-bit
             kernel offsets, or ``M`` or ``K`` is not a multiple of 128; the SF has the wrong
-            shape, layout or device, or an fp32 SF holds a value that is not a positive normal
-            power of two.
+            shape, layout or device, an fp32 SF holds a value that is not a positive normal
+            power of two, or a packed SF a byte 0 or 255.
         ValueError: After the kernel ran: ``x`` is not losslessly representable (the SF
             exponents inside one output block span more than 11 binades).
         ValueError, TypeError: A bad ``target`` or ``flavor`` (see ``vmi_core.targets``).

@@ -135,8 +135,10 @@ def make_spec(in_fmt: str, options: PerTokenCastOptions, sf_layout: SFLayout,
               quant_input=None) -> parallel.PerTokenCastSpec:
     """The kernel specialisation of validated options (the amax clamp is read now)."""
     fmt, sf = options.fmt, options.sf
-    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, sf.use_e4m3_sf), round_sf=sf.round_sf,
-                     e4m3_sf=sf.use_e4m3_sf, stored=sf_layout.kind)
+    # A precomputed SF is only read (sf_inv = 1/sf), so round_sf does not change that kernel.
+    rule = ScaleRule(fmt, get_amax_clamp_for_quant(fmt, sf.use_e4m3_sf),
+                     round_sf=sf.round_sf and options.mode != "cast_only", e4m3_sf=sf.use_e4m3_sf,
+                     stored=sf_layout.kind)
     return parallel.PerTokenCastSpec(in_fmt, fmt, options.num_per_channels, options.mode, rule, sf_layout,
                                      options.stochastic_cast, quant_input)
 

@@ -25,6 +25,7 @@ from ..inputs import PLAIN_DTYPES, check_matrix, check_psum, check_same_device, 
 from ..kernels import swiglu_forward as parallel
 from ..kernels.common import ScaleRule
 from ..reference import swiglu_forward as reference
+from ..reference.cast import to_dtype
 from . import demo
 
 _OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
@@ -139,7 +140,7 @@ def _reference(call: SwigluForwardCall, use_tma_aligned_col_major_sf: bool, roun
         call.sf[valid] = sf[valid]
     else:
         y, valid, counts = reference.swiglu_forward(*args, call.clamp_value, call.alignment, call.flavor)
-        call.out[valid] = y[valid].to(call.out.dtype)
+        call.out[valid] = to_dtype(y[valid], call.out.dtype)
     if call.clamped_count is not None:
         call.clamped_count += counts
 
@@ -158,7 +159,8 @@ def _execute(x, fmt, num_per_channels, psum, topk_weights, routed_scaling_factor
         padding = (~expert_rows(psum, x.shape[0], call.alignment)).nonzero().squeeze(1)
         for output in (call.out, call.sf):
             if output is not None:
-                output.index_fill_(0, padding, 0)
+                # index_fill_ has no fp8 kernel: zero bytes are +0 there too.
+                (output.view(torch.uint8) if output.element_size() == 1 else output).index_fill_(0, padding, 0)
     return call
 
 

@@ -107,6 +107,13 @@ def canonical_nan(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)
 
 
+def to_dtype(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 ``y`` rounded to ``dtype`` (fp32 or bf16, RNE), every NaN the canonical +NaN (torch's own
+    bf16 conversion writes 0xFFFF or 0x7FC0 for a NaN, depending on its code path)."""
+    y = canonical_nan(y)
+    return y if dtype == torch.float32 else bf16_encode(y).view(torch.bfloat16)
+
+
 def _scale(c: torch.Tensor, fmt: str, round_sf: bool, use_e4m3_sf: bool):
     """Per-block (stored SF, quantization multiplier) from the clamped amax ``c`` (§1.6).
 

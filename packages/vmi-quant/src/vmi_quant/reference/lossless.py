@@ -54,6 +54,23 @@ def check_power_of_two_sf(sf: torch.Tensor, name: str = "x sf") -> None:
                      f"{name}[{', '.join(map(str, index))}] = {value!r} is {reason}")
 
 
+def check_ue8m0_sf_bytes(sf: torch.Tensor, shape: tuple[int, int], block_size: tuple[int, int], flavor: Flavor,
+                         name: str = "x sf") -> None:
+    """Raise ValueError unless every used byte of a packed UE8M0 input SF (the flavor's words, over
+    ``block_size`` blocks of ``shape``) is 1..254: as for an fp32 SF, 2^-126 .. 2^127. Byte 0
+    (2^-127, a subnormal) and byte 255 (NaN) would be re-quantized lossily; pad bytes are not read."""
+    if sf.dtype != flavor.ue8m0_word_dtype or sf.numel() == 0:
+        return
+    exponent = f32_bits(_decode_sf(sf, shape, block_size, flavor)) >> 23
+    bad = (exponent == 0) | (exponent == 255)
+    if not bool(bad.any()):
+        return
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    byte = 0 if int(exponent[index]) == 0 else 255
+    raise ValueError(f"{name} (packed UE8M0) must hold bytes 1..254 (2^-126 .. 2^127): the SF of block "
+                     f"[{', '.join(map(str, index))}] is byte {byte} ({'2^-127, subnormal' if byte == 0 else 'NaN'})")
+
+
 def per_block_cast_lossless(x: tuple, fmt: str, x_block_size, out_block_size, use_tma_aligned_col_major_sf=False,
                             round_sf=False, use_packed_ue8m0=False, flavor: str | Flavor = "ascend"):
     """Re-quantize an FP4 QuantTensor ``(data, sf)`` with blocks ``x_block_size`` to E4M3 with blocks
@@ -73,6 +90,7 @@ def per_block_cast_lossless(x: tuple, fmt: str, x_block_size, out_block_size, us
     codes = e2m1_unpack(data)
     shape = tuple(codes.shape)
     x_block, out_block = tuple(x_block_size), tuple(out_block_size)
+    check_ue8m0_sf_bytes(sf, shape, x_block, flavor)
     if any(o % i for o, i in zip(out_block, x_block, strict=True)):
         raise ValueError(f"out_block_size {out_block} must be a multiple of x_block_size {x_block}")
 

@@ -6,7 +6,7 @@ Written from the spec's normative order, one fp32 operation per step:
    but for NaN payloads: a NaN sum is the canonical +NaN);
 2. ``S = sum r_i^2`` in vmi's fixed lane order (``vmi_core.sums.lane_sum_fused``: 64 per-lane
    partials of fused multiply-adds, then pairwise folds), the order the kernel uses;
-3. ``rstd`` of ``S`` by ``vmi_core.rstd.rstd`` in the flavor's formula;
+3. ``rstd`` of ``S`` by ``vmi_core.rstd.rstd`` in the flavor's formula, a NaN made canonical;
 4. ``y_i = f32(f32(r_i * rstd) * w'_i)`` with ``w' = f32(f32(w_i) * f32(out_scale))`` (or
    ``f32(out_scale)`` without a weight);
 5. ``out = y`` rounded to x's dtype, every NaN made canonical (+0x7FC00000 / +0x7FC0);
@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from vmi_core.formats import bf16_encode
 from vmi_core.rstd import rstd as rstd_of
 from vmi_core.sums import lane_sum_fused
 from vmi_core.targets import Flavor, get_flavor
-from vmi_quant.reference.cast import canonical_nan, cast
+from vmi_quant.reference.cast import canonical_nan, cast, to_dtype
 
 NUM_PER_CHANNELS = 32
 MEGA_SLAB = 128
@@ -30,13 +29,6 @@ MEGA_SLAB = 128
 
 def _align(x: int, y: int) -> int:
     return -(-x // y) * y
-
-
-def _to_dtype(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 ``y`` rounded to ``dtype`` (RNE), every NaN the canonical +NaN (torch's own bf16
-    conversion writes 0xFFFF or 0x7FC0 for a NaN, depending on its code path)."""
-    y = canonical_nan(y)
-    return y if dtype == torch.float32 else bf16_encode(y).view(torch.bfloat16)
 
 
 def norm_forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
@@ -48,15 +40,15 @@ def norm_forward(x: torch.Tensor, weight: torch.Tensor | None, eps: float, resid
     """
     flavor = get_flavor(flavor)
     hidden = x.shape[-1]
-    r = x if residual is None else _to_dtype(x.float() + residual.float(), x.dtype)
+    r = x if residual is None else to_dtype(x.float() + residual.float(), x.dtype)
     rf = r.float()
     if rf.numel():
-        rstd = rstd_of(lane_sum_fused(rf, rf), hidden, eps, flavor)
+        rstd = canonical_nan(rstd_of(lane_sum_fused(rf, rf), hidden, eps, flavor))
     else:
         rstd = torch.empty(rf.shape[:-1], dtype=torch.float32, device=x.device)
     scale = torch.tensor(out_scale, dtype=torch.float32)
     factor = scale if weight is None else weight.float() * scale
-    out = _to_dtype((rf * rstd.unsqueeze(-1)) * factor, x.dtype)
+    out = to_dtype((rf * rstd.unsqueeze(-1)) * factor, x.dtype)
     return out, rstd, r
 
 
@@ -106,7 +98,7 @@ def norm_forward_and_per_token_cast(x: torch.Tensor, weight: torch.Tensor | None
     """
     flavor = get_flavor(flavor)
     u, rstd, r = norm_forward(x, weight, eps, residual, out_scale, flavor)
-    out_bf16 = _to_dtype(u.float(), torch.bfloat16)
+    out_bf16 = to_dtype(u.float(), torch.bfloat16)
     shape = u.shape
     h = shape[-1]
     rows = u.reshape(-1, h)

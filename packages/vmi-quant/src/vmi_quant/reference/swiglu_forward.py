@@ -12,7 +12,7 @@ import torch
 from vmi_core.fp32 import divide, exp
 from vmi_core.targets import Flavor
 from vmi_quant.inputs import expert_rows
-from vmi_quant.reference.cast import canonical_nan, cast
+from vmi_quant.reference.cast import canonical_nan, cast, to_dtype
 
 
 def clamp_gate_up(gate: torch.Tensor, up: torch.Tensor, clamp_value: float | None):
@@ -103,5 +103,5 @@ def swiglu_forward_and_per_channel_cast_and_transpose(x: torch.Tensor, num_per_t
     per ``(num_per_tokens, 1)`` block (one scale per channel and token block). Returns
     ``(data, sf)``: data ``(H, T)`` (``(T, H)`` ``without_transpose``), fp32 sf ``(T / npt, H)``."""
     y, _, _ = swiglu_forward(x, clamp_value=swiglu_clamp_value, flavor=flavor)
-    data, sf = cast(y.bfloat16(), "e4m3", (num_per_tokens, 1), round_sf=round_sf, flavor=flavor)
+    data, sf = cast(to_dtype(y, torch.bfloat16), "e4m3", (num_per_tokens, 1), round_sf=round_sf, flavor=flavor)
     return (data if without_transpose else data.T.contiguous()), sf
