@@ -271,3 +271,16 @@ def test_bad_scoring_func_and_logits() -> None:
         moe_topk_gate_autograd(logits, K, False, 0, SCALE, 0, "softmax", target="cpu")
     with pytest.raises(ValueError, match="logits must be a 2-D tensor"):
         moe_topk_gate_autograd(logits[0], K, False, 0, SCALE, 0, num_sequences=1, target="cpu")
+
+
+def test_second_derivative_raises_naming_the_op() -> None:
+    """``grad(weights.sum(), create_graph=True)`` gives the first-order gradient; differentiating it
+    raises instead of giving zeros (the backward kernel has no derivative)."""
+    prob = problem(111, 3, 5)
+    logits, (_, weights) = autograd_gate(prob, target="torch")
+    (grad,) = torch.autograd.grad(weights.sum(), logits, create_graph=True)
+    assert grad.requires_grad
+    logits_plain, (_, weights_plain) = autograd_gate(prob, target="torch")
+    assert_bitwise_equal(grad.detach(), torch.autograd.grad(weights_plain.sum(), logits_plain)[0], "first order")
+    with pytest.raises(RuntimeError, match="moe_topk_gate_autograd has no second derivative"):
+        torch.autograd.grad(grad.sum(), logits, allow_unused=True)

@@ -32,12 +32,15 @@ class _NotDifferentiable(torch.autograd.Function):
                            f"derivatives only (differentiate a torch composition instead)")
 
 
-def first_order(backward):
-    """Decorate a Function's ``backward``: run it without recording; under ``create_graph`` its
-    gradients can be used but not differentiated (doing so raises ``RuntimeError`` naming the
-    Function). A gradient that depends on nothing differentiable (a linear Function's, for a
-    constant incoming gradient) comes back plain, as torch's own linear ops give it."""
-    function = backward.__qualname__.rpartition(".")[0]
+def first_order(backward=None, *, name: str | None = None):
+    """Decorate a Function's ``backward`` (or a ``torch.library.register_autograd`` backward, with
+    the op's ``name``): run it without recording; under ``create_graph`` its gradients can be used
+    but not differentiated (doing so raises ``RuntimeError`` naming the Function or op). A gradient
+    that depends on nothing differentiable (a linear Function's, for a constant incoming gradient)
+    comes back plain, as torch's own linear ops give it."""
+    if backward is None:
+        return functools.partial(first_order, name=name)
+    function = name or backward.__qualname__.rpartition(".")[0]
 
     @functools.wraps(backward)
     def wrapper(ctx, *grad_outputs):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from vmi_core.autograd import first_order
 from vmi_core.checks import check_int, check_tensor
 from vmi_core.library import KernelOp, Param
 
@@ -78,6 +79,7 @@ def _setup_context(ctx, inputs, output, keyword_only_inputs):
     ctx.mark_non_differentiable(topk_idx, scores, routed, routed_mask)
 
 
+@first_order(name="moe_topk_gate_autograd")
 def _backward(ctx, grad_topk_idx, grad_topk_weights, grad_scores_sum, grad_scores, grad_routed, grad_routed_mask):
     scores, routed, topk_weights, routed_mask = ctx.saved_tensors
     num_topk = routed.shape[1]
