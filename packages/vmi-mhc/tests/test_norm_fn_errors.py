@@ -90,7 +90,7 @@ CASES = [
      ValueError, "fn must have 1 to 32 rows"),
     # reduce forward
     (lambda o: reduce_fwd(o, p=P.double()), TypeError, "out_mul_splitted must be torch.float32"),
-    (lambda o: reduce_fwd(o, p=P[0]), ValueError, "out_mul_splitted must have shape"),
+    (lambda o: reduce_fwd(o, p=P[0, 0]), ValueError, "out_mul_splitted must have shape"),
     (lambda o: reduce_fwd(o, p=torch.ones(S, T, 2, N3)), ValueError, "n_rms_group = 1"),
     (lambda o: reduce_fwd(o, p=torch.ones(S, T, 1, 33)), ValueError, "1 to 32 mix entries"),
     (lambda o: reduce_fwd(o, p=torch.ones(S, T, 1, 2 * N3)[..., ::2]), ValueError,

@@ -74,7 +74,7 @@ def test_forward_rejects_overlapping_outputs():
 BACKWARD_CASES = [
     ("out_mul_grad", torch.ones(T, MIX + 1), ValueError, "out_mul_grad must have shape"),
     ("out_mul_grad", torch.ones(T, MIX, dtype=torch.bfloat16), TypeError, "out_mul_grad must be torch.float32"),
-    ("sqrsum_grad", torch.ones(T, 1), ValueError, "sqrsum_grad must have shape"),
+    ("sqrsum_grad", torch.ones(T, 2), ValueError, "sqrsum_grad must have shape"),
     ("sqrsum_grad", torch.ones(T, dtype=torch.float64), TypeError, "sqrsum_grad must be torch.float32"),
     ("x", torch.ones(T, K), TypeError, "x must be torch.bfloat16"),
     ("x", torch.ones(T, K - 256, dtype=torch.bfloat16), ValueError, "fn must have x's 256 columns"),
