@@ -411,13 +411,35 @@ print(hashlib.sha256(y.numpy().tobytes()).hexdigest())
 
 
 def _compile_and_run_in_processes(count: int, cache: Path) -> list[str]:
+    """Each process's last output line. A library call prints no TileLang compile progress (its INFO
+    log is off unless $VMI_LOG asks for it; a warning, e.g. of a corrupted cache entry, still shows)."""
     env = dict(os.environ, VMI_CACHE_DIR=str(cache), PYTHONPATH=str(Path(__file__).parent))
+    env.pop(vc.LOG_ENV, None)
     procs = [subprocess.Popen([sys.executable, "-c", _COMPILE_AND_RUN], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(count)]
     results = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, results, strict=True):
+    for p, (out, err) in zip(procs, results, strict=True):
         assert p.returncode == 0, err[-2000:]
+        assert not [line for line in (out + err).splitlines() if "[TileLang:" in line and ":INFO]" in line], out + err
     return [out.strip().splitlines()[-1] for out, _ in results]
+
+
+def test_tilelang_log_level_comes_from_vmi_log(monkeypatch):
+    import logging
+
+    try:
+        for value, level in ((None, logging.WARNING), ("info", logging.INFO), (" DEBUG ", logging.DEBUG)):
+            if value is None:
+                monkeypatch.delenv(vc.LOG_ENV, raising=False)
+            else:
+                monkeypatch.setenv(vc.LOG_ENV, value)
+            vc.configure_tilelang_logging()
+            assert {logging.getLogger(name).level for name in vc.TILELANG_LOGGERS} == {level}
+        monkeypatch.setenv(vc.LOG_ENV, "loud")
+        with pytest.raises(ValueError, match=r"\$VMI_LOG must be a logging level name"):
+            vc.configure_tilelang_logging()
+    finally:
+        vc.configure_tilelang_logging(logging.WARNING)
 
 
 @pytest.mark.parametrize("processes", [2, pytest.param(8, marks=pytest.mark.slow)])

@@ -33,6 +33,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -53,6 +54,28 @@ from .targets import TARGETS, lowering_target
 
 CUDA_ARCH_ENV = "VMI_CUDA_ARCH"
 CACHE_DIR_ENV = "VMI_CACHE_DIR"
+LOG_ENV = "VMI_LOG"
+# TileLang's loggers: it reports every compile at INFO on the terminal.
+TILELANG_LOGGERS = ("tilelang", "tilelang.jit.kernel", "tilelang.cache.kernel_cache")
+
+
+def configure_tilelang_logging(level: int | str | None = None) -> None:
+    """Set TileLang's loggers to ``level``: default ``$VMI_LOG`` (a ``logging`` level name such as
+    ``INFO``), else ``WARNING``, so that a library call prints nothing of its compiles. Runs when
+    vmi-core's compile module is imported (after TileLang sets its own levels); setting the
+    ``tilelang`` loggers' levels later overrides it."""
+    if level is None:
+        level = os.environ.get(LOG_ENV) or "WARNING"
+    if isinstance(level, str):
+        name = level.strip().upper()
+        if not isinstance(logging.getLevelName(name), int):
+            raise ValueError(f"${LOG_ENV} must be a logging level name (DEBUG, INFO, WARNING, ERROR), got {level!r}")
+        level = logging.getLevelName(name)
+    for logger in TILELANG_LOGGERS:
+        logging.getLogger(logger).setLevel(level)
+
+
+configure_tilelang_logging()
 DEFAULT_CUDA_ARCH = "sm_90a"
 
 CPU_ARCH_ENV = "VMI_CPU_ARCH"

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import statistics
 import sys
@@ -469,10 +468,6 @@ def main(argv: list[str] | None = None) -> int:
     elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     ops = discover()
-    # Compile progress is TileLang's INFO chatter; the command prints its own results. After
-    # discover(): importing the ops imports TileLang, which sets up its own logger levels.
-    for name in ("tilelang", "tilelang.jit.kernel"):
-        logging.getLogger(name).setLevel(logging.WARNING)
     handlers = {"list": cmd_list, "run": cmd_run, "bench": cmd_bench, "source": cmd_source,
                 "precompile": cmd_precompile, "cache": cmd_cache, "demo": cmd_demo}
     try:

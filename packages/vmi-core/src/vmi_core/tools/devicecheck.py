@@ -62,10 +62,10 @@ def log(message: str) -> None:
 
 def installed_ops() -> dict[str, OpInfo]:
     ops = {op.name: op for op in discover().values()}
-    # TileLang's compile log; progress is this module's. After discover(): importing TileLang
-    # sets its logger levels.
-    for name in ("tilelang", "tilelang.jit.kernel", "tilelang.cache.kernel_cache"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    from ..compile import configure_tilelang_logging
+
+    # TileLang's compile log, even its warnings: progress is this module's.
+    configure_tilelang_logging(logging.ERROR)
     return ops
 
 

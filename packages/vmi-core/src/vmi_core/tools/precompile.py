@@ -26,7 +26,6 @@ Variants run in worker processes (TileLang compiles hold the GIL), ``jobs`` at a
 from __future__ import annotations
 
 import json
-import logging
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -209,13 +208,13 @@ def _warm(op: OpInfo, variant: Variant, options: dict) -> bool:
     return build
 
 
-def _quiet() -> None:
+def _init_worker() -> None:
+    """One torch thread per worker; the ops imported once (their import also quiets TileLang's
+    compile log: ``vmi_core.compile.configure_tilelang_logging``)."""
     import torch
 
     torch.set_num_threads(1)
-    discover()  # imports TileLang, which sets its own logger levels
-    for name in ("tilelang", "tilelang.jit.kernel", "tilelang.cache.kernel_cache"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    discover()
 
 
 def run_variant(variant: Variant) -> Result:
@@ -269,7 +268,7 @@ def precompile(todo: list[Variant], jobs: int, progress: bool | None = None) -> 
     context = multiprocessing.get_context("spawn")  # no fork of a process holding torch's threads
     disable = None if progress is None else not progress
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(todo_run))), mp_context=context,
-                             initializer=_quiet) as pool, \
+                             initializer=_init_worker) as pool, \
             tqdm(total=len(todo_run), unit="variant", desc="precompile", disable=disable, leave=False) as bar:
         futures = {pool.submit(run_variant, variant): variant for variant in todo_run}
         for future in as_completed(futures):
