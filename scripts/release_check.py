@@ -10,8 +10,8 @@ For the package (``vmi-core``, ``vmi-quant``, ``vmi-mhc`` or ``vmi-moe``):
    and the package's CHANGELOG.md has an entry for that version;
 2. a family package's ``vmi-core`` requirement admits the in-tree vmi-core's version (a family that
    needs a newer vmi-core than its pin allows fails here: release vmi-core first, then raise the pin);
-3. its wheel and sdist are built into ``OUT/publish`` (only they: the workflow uploads that folder)
-   and pass ``twine check --strict``; a family's in-tree vmi-core wheel goes to ``OUT/deps``;
+3. its wheel and sdist are built into ``OUT/publish`` (only they: the workflow uploads that folder),
+   carry the LICENSE (the wheel also the module's ``py.typed``) and pass ``twine check --strict``; a family's in-tree vmi-core wheel goes to ``OUT/deps``;
 4. a fresh venv gets torch (the pinned version, a CPU build where ``--torch-index`` names one), then
    the wheel alone (and the in-tree vmi-core for a family; tilelang from the index), at the versions
    of ``shared/constraints.txt``; no other vmi distribution may come along;
@@ -30,7 +30,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import venv
+import zipfile
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -124,7 +126,33 @@ def build(package: str, out: Path, sdist: bool = True) -> list[Path]:
     built = sorted(set(out.iterdir()) - before)
     if len(built) != len(kinds):
         raise CheckFailed(f"building {package} gave {[p.name for p in built]}")
+    check_contents(package, built)
     return built
+
+
+def check_contents(package: str, files: list[Path]) -> None:
+    """The wheel carries the licence (``dist-info/licenses/LICENSE``, declared in its metadata) and
+    the module's ``py.typed``; the sdist carries the licence as a file."""
+    module = package.replace("-", "_")
+    licence = (ROOT / "LICENSE").read_bytes()
+    for path in files:
+        if path.suffix == ".whl":
+            with zipfile.ZipFile(path) as wheel:
+                names = wheel.namelist()
+                licences = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+                metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+                if not licences or wheel.read(licences[0]) != licence:
+                    raise CheckFailed(f"{path.name} does not carry the LICENSE")
+                if "License-File: LICENSE" not in metadata.splitlines():
+                    raise CheckFailed(f"{path.name} does not declare its LICENSE in METADATA")
+                if f"{module}/py.typed" not in names:
+                    raise CheckFailed(f"{path.name} has no {module}/py.typed")
+        else:
+            with tarfile.open(path) as sdist:
+                member = next((m for m in sdist.getmembers() if m.name.endswith("/LICENSE") and m.name.count("/") == 1),
+                              None)
+                if member is None or not member.isfile() or sdist.extractfile(member).read() != licence:
+                    raise CheckFailed(f"{path.name} does not carry the LICENSE as a file")
 
 
 def twine_check(files: list[Path]) -> None:

@@ -64,3 +64,15 @@ def test_moved_modules_keep_a_deprecated_alias(old, new, name):
     with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
         value = getattr(importlib.import_module(old), name)
     assert value is getattr(importlib.import_module(new), name)
+
+
+@pytest.mark.parametrize("dist", sorted(DISTRIBUTIONS))
+def test_each_package_ships_the_licence_and_py_typed(dist: str) -> None:
+    """Each package directory holds the root LICENSE (a copy: an sdist cannot carry a link out of
+    its directory), declares it, and marks its module typed; the built artefacts are checked by
+    ``scripts/release_check.py`` (``nox -s build``)."""
+    package = ROOT / "packages" / dist
+    assert (package / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
+    assert _pyproject(dist)["license-files"] == ["LICENSE"]
+    assert (package / "src" / DISTRIBUTIONS[dist] / "py.typed").is_file()
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")

@@ -1,6 +1,7 @@
-"""scripts/release_check.py's checks that need no build: the tag against the package's version, and a
-family's vmi-core pin against the in-tree vmi-core (the build, twine and fresh-venv steps run under
-``nox -s release`` and ``nox -s build``)."""
+"""scripts/release_check.py's checks that need no build: the tag against the package's version, a
+family's vmi-core pin against the in-tree vmi-core, and the artefacts' licence and ``py.typed`` on
+hand-made files (the build, twine and fresh-venv steps run under ``nox -s release`` and
+``nox -s build``)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,43 @@ def test_a_family_needing_a_newer_core_fails(monkeypatch):
                         if p == "vmi-moe" else project(p))
     with pytest.raises(rc.CheckFailed, match=r"requires vmi-core~=0.2.0, which the in-tree vmi-core 0.1.0"):
         rc.check_core_pin("vmi-moe")
+
+
+def _wheel(path: Path, licence: bytes | None, typed: bool, declared: bool = True) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr("vmi_moe-0.1.0.dist-info/METADATA",
+                       "Metadata-Version: 2.4\nName: vmi-moe\n" + ("License-File: LICENSE\n" if declared else ""))
+        if licence is not None:
+            wheel.writestr("vmi_moe-0.1.0.dist-info/licenses/LICENSE", licence)
+        if typed:
+            wheel.writestr("vmi_moe/py.typed", "")
+    return path
+
+
+def test_artefacts_must_carry_the_licence_and_py_typed(tmp_path):
+    """The contents check of every build (``rc.build``), on hand-made artefacts."""
+    import io
+    import tarfile
+
+    licence = (ROOT / "LICENSE").read_bytes()
+    rc.check_contents("vmi-moe", [_wheel(tmp_path / "good.whl", licence, True)])
+    for name, args, says in (("none.whl", (None, True), "does not carry the LICENSE"),
+                             ("other.whl", (b"Apache", True), "does not carry the LICENSE"),
+                             ("untyped.whl", (licence, False), "has no vmi_moe/py.typed"),
+                             ("undeclared.whl", (licence, True, False), "does not declare its LICENSE")):
+        with pytest.raises(rc.CheckFailed, match=says):
+            rc.check_contents("vmi-moe", [_wheel(tmp_path / name, *args)])
+    sdist = tmp_path / "vmi_moe-0.1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        link = tarfile.TarInfo("vmi_moe-0.1.0/LICENSE")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../LICENSE"
+        tar.addfile(link)
+    with pytest.raises(rc.CheckFailed, match="does not carry the LICENSE as a file"):
+        rc.check_contents("vmi-moe", [sdist])
+    with tarfile.open(sdist, "w:gz") as tar:
+        info = tarfile.TarInfo("vmi_moe-0.1.0/LICENSE")
+        info.size = len(licence)
+        tar.addfile(info, io.BytesIO(licence))
+    rc.check_contents("vmi-moe", [sdist])
