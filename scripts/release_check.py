@@ -7,17 +7,19 @@
 For the package (``vmi-core``, ``vmi-quant``, ``vmi-mhc`` or ``vmi-moe``):
 
 1. the tag, if given, is ``<package>-v<version>`` with the version of ``packages/<package>/pyproject.toml``,
-   and the package's CHANGELOG.md has an entry for that version;
+   and the package's CHANGELOG.md has an entry for that version, dated when a tag is given;
 2. a family package's ``vmi-core`` requirement admits the in-tree vmi-core's version (a family that
    needs a newer vmi-core than its pin allows fails here: release vmi-core first, then raise the pin);
 3. its wheel and sdist are built into ``OUT/publish`` (only they: the workflow uploads that folder),
-   carry the LICENSE (the wheel also the module's ``py.typed``) and pass ``twine check --strict``; a family's in-tree vmi-core wheel goes to ``OUT/deps``;
+   carry the LICENSE (the wheel also the module's ``py.typed``) and pass ``twine check --strict``;
+   a family's in-tree vmi-core wheel goes to ``OUT/deps``;
 4. a fresh venv gets torch (the pinned version, a CPU build where ``--torch-index`` names one), then
    the wheel alone (and the in-tree vmi-core for a family; tilelang from the index), at the versions
    of ``shared/constraints.txt``; no other vmi distribution may come along;
-5. there, the package's smoke check runs: ``vmi run OP`` against the reference, and ``vmi bench OP``
-   at one small shape, which must say that no baseline is installed (the baselines are in the
-   repository's vmi-devkit, not in a wheel); vmi-core, alone, is imported and ``vmi list`` runs.
+5. there, the package's smoke check runs: the module says the version being released, ``vmi run OP``
+   against the reference, and ``vmi bench OP`` at one small shape, which must say that no baseline is
+   installed (the baselines are in the repository's vmi-devkit, not in a wheel); vmi-core, alone, is
+   imported and ``vmi list`` runs.
 
 The build uses the running Python's ``build``, ``hatchling`` and ``twine`` (no build isolation);
 exit status 1 with one ``release check:`` line on a failed check.
@@ -93,11 +95,21 @@ def check_version(package: str, tag: str | None) -> str:
             raise CheckFailed(f"tag {tag} is for {tagged}, not {package}")
         if tag_version != version:
             raise CheckFailed(f"tag {tag} says {tag_version}, packages/{package}/pyproject.toml says {version}")
-    changelog = (ROOT / "packages" / package / "CHANGELOG.md").read_text()
-    if not re.search(rf"^## \[{re.escape(version)}\]", changelog, flags=re.M):
-        raise CheckFailed(f"packages/{package}/CHANGELOG.md has no '## [{version}]' entry")
+    check_changelog((ROOT / "packages" / package / "CHANGELOG.md").read_text(), package, version,
+                    released=tag is not None)
     say(f"{package} {version}" + (f" matches tag {tag}" if tag else "") + ", CHANGELOG entry present")
     return version
+
+
+def check_changelog(changelog: str, package: str, version: str, released: bool) -> None:
+    """The CHANGELOG has a ``## [version]`` heading; a release (a tag) needs it dated
+    (``## [0.1.1] - 2026-12-04``), not marked unreleased."""
+    heading = re.search(rf"^## \[{re.escape(version)}\](.*)$", changelog, flags=re.M)
+    if heading is None:
+        raise CheckFailed(f"packages/{package}/CHANGELOG.md has no '## [{version}]' entry")
+    if released and not re.fullmatch(r" - \d{4}-\d{2}-\d{2}\s*", heading[1]):
+        raise CheckFailed(f"packages/{package}/CHANGELOG.md: the '## [{version}]' heading must carry the release "
+                          f"date ('## [{version}] - YYYY-MM-DD'), got {heading[0]!r}")
 
 
 def check_core_pin(package: str) -> str | None:
@@ -187,10 +199,14 @@ def install_alone(python: Path, wheel: Path, deps: Path | None, core: str | None
 
 
 def smoke(python: Path, package: str) -> None:
-    """Run the package's op (or import it) in the venv of ``python``."""
+    """Run the package's op (or import it) in the venv of ``python``; the installed module must say
+    the version being released."""
     bindir = python.parent
     module = package.replace("-", "_")
-    run(python, "-c", f"import {module}; print({module}.__name__, {module}.__version__)")
+    printed = run(python, "-c", f"import {module}; print({module}.__name__, {module}.__version__)", capture=True)
+    expected = f"{module} {project(package)['version']}"
+    if printed.strip() != expected:
+        raise CheckFailed(f"the installed {package} says {printed.strip()!r}, expected {expected!r}")
     op = SMOKE_OPS[package]
     if op is None:
         run(bindir / "vmi", "list")

@@ -17,9 +17,31 @@ _spec.loader.exec_module(rc)
 
 
 @pytest.mark.parametrize("package", rc.PACKAGES)
-def test_the_tag_of_the_current_version_passes(package):
+def test_the_current_version_passes_and_its_tag_needs_a_dated_heading(package):
     version = rc.project(package)["version"]
-    assert rc.check_version(package, f"{package}-v{version}") == version
+    assert rc.check_version(package, None) == version
+    changelog = (ROOT / "packages" / package / "CHANGELOG.md").read_text()
+    if "unreleased" in changelog.split("\n## ")[1].splitlines()[0]:
+        with pytest.raises(rc.CheckFailed, match="must carry the release date"):
+            rc.check_version(package, f"{package}-v{version}")
+    else:
+        assert rc.check_version(package, f"{package}-v{version}") == version
+
+
+@pytest.mark.parametrize(("heading", "released", "says"), [
+    ("## [0.2.0] - 2026-12-04", True, None),
+    ("## [0.2.0] - unreleased", False, None),
+    ("## [0.2.0] - unreleased", True, "must carry the release date"),
+    ("## [0.2.0]", True, "must carry the release date"),
+    ("## [0.1.9] - 2026-12-04", False, "has no '## \\[0.2.0\\]' entry"),
+])
+def test_changelog_heading(heading, released, says):
+    text = f"# Changelog\n\n{heading}\n\n### Added\n\n- a thing\n"
+    if says is None:
+        rc.check_changelog(text, "vmi-moe", "0.2.0", released)
+    else:
+        with pytest.raises(rc.CheckFailed, match=says):
+            rc.check_changelog(text, "vmi-moe", "0.2.0", released)
 
 
 @pytest.mark.parametrize(("tag", "says"), [
