@@ -27,6 +27,15 @@ def in_process(capsys, *args: str) -> tuple[int, str, str]:
     return status, out, err
 
 
+def test_version_names_every_installed_distribution_on_one_line(capsys):
+    from importlib.metadata import version
+
+    status, out, _ = in_process(capsys, "--version")
+    assert status == 0
+    assert out == ", ".join(f"{name} {version(name)}" for name in ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe",
+                                                                   "torch", "tilelang")) + "\n"
+
+
 def test_list_shows_installed_ops_per_target():
     result = vmi("list")
     assert result.returncode == 0, result.stderr

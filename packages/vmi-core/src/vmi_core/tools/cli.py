@@ -18,7 +18,7 @@ import os
 import statistics
 import sys
 import time
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 
 import torch
@@ -396,8 +396,36 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message}\n")
 
 
+# What `vmi --version` names: vmi's distributions, then what their bits depend on.
+VERSIONED = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe", "torch", "tilelang")
+
+
+def versions() -> str:
+    """The installed versions of ``VERSIONED`` (from their metadata: nothing is imported)."""
+    found = []
+    for name in VERSIONED:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            if name.startswith("vmi-") and name != "vmi-core":
+                found.append(f"{name} not installed")
+    return ", ".join(found)
+
+
+class _Versions(argparse.Action):
+    """``--version``: one line, unwrapped (argparse's own version action fills the text to the terminal)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(versions())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vmi", description="vmi kernel library: list, run, bench, source, precompile, cache, demo")
+    parser.add_argument("--version", action=_Versions, help="the installed versions of vmi, torch and tilelang")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="ops and their status per target")
 
