@@ -141,7 +141,8 @@ def test_bad_option_is_a_clear_error():
 
 
 @pytest.mark.parametrize(("args", "names"), [
-    (["run", "no_such_op"], "unknown op 'no_such_op'"),
+    (["run", "no_such_op"], "unknown op 'no_such_op'; `vmi list` shows the installed ops"),
+    (["run", "per_token_cst"], "unknown op 'per_token_cst'; did you mean per_token_cast"),
     (["run", "per_token_cast", "-o", "num_per_channels=abc"], "option num_per_channels takes an integer, got 'abc'"),
     (["run", "per_token_cast", "-o", "no_such_option=1"], "has no option 'no_such_option'"),
     (["run", "per_token_cast", "--repeat", "0"], "argument --repeat: must be a positive integer, got 0"),

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import statistics
 import sys
@@ -28,6 +29,9 @@ from ..targets import FLAVORS, TARGETS, device_of, resolve_flavor
 from . import bench
 from . import cache as vmi_cache
 from .registry import OpInfo, discover
+
+# The distributions that bring ops (each declares its package in the ``vmi.ops`` entry-point group).
+FAMILY_DISTRIBUTIONS = ("vmi-quant", "vmi-mhc", "vmi-moe")
 
 
 class UserError(Exception):
@@ -89,16 +93,31 @@ def _timed(fn, repeat: int) -> tuple[object, float]:
     return result, statistics.median(times)
 
 
+def _not_installed() -> list[str]:
+    missing = []
+    for name in FAMILY_DISTRIBUTIONS:
+        try:
+            version(name)
+        except PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
 def _op(ops: dict[str, OpInfo], name: str) -> OpInfo:
     if name not in ops:
-        raise UserError(f"unknown op {name!r}; installed ops: {', '.join(sorted(ops)) or 'none'}")
+        close = difflib.get_close_matches(name, ops, n=3)
+        hint = f"did you mean {' or '.join(close)}?" if close else "`vmi list` shows the installed ops"
+        missing = _not_installed()
+        if missing:
+            hint += f" ({', '.join(missing)} not installed: their ops are not known here)"
+        raise UserError(f"unknown op {name!r}; {hint}")
     return ops[name]
 
 
 def cmd_list(ops: dict[str, OpInfo], args) -> int:
     unique = sorted({op.name: op for op in ops.values()}.values(), key=lambda op: (op.family, op.name))
     if not unique:
-        print("no ops installed (install vmi-quant, vmi-mhc or vmi-moe)")
+        print(f"no ops installed (install {', '.join(FAMILY_DISTRIBUTIONS[:-1])} or {FAMILY_DISTRIBUTIONS[-1]})")
         return 0
     width = max(len(op.name) for op in unique)
     for op in unique:
@@ -397,7 +416,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # What `vmi --version` names: vmi's distributions, then what their bits depend on.
-VERSIONED = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe", "torch", "tilelang")
+VERSIONED = ("vmi-core", *FAMILY_DISTRIBUTIONS, "torch", "tilelang")
 
 
 def versions() -> str:
