@@ -176,6 +176,13 @@ def test_user_errors_are_one_line_with_exit_status_2(args, names, capsys):
     assert len(lines) == 1 and names in lines[0], err
 
 
+def test_debug_shows_the_traceback_of_a_user_error(capsys):
+    from vmi_core.tools.cli import main
+
+    with pytest.raises(ValueError, match="option num_per_channels must be one of"):
+        main(["--debug", "run", "per_token_cast", "-o", "num_per_channels=48"])
+
+
 def test_run_on_ascend_sim(capsys):
     status, out, err = in_process(capsys, "run", "per_token_cast", "--target", "ascend-sim", "--shape", "40x256",
                                   "--repeat", "1")

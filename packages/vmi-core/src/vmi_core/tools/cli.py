@@ -445,28 +445,32 @@ class _Versions(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vmi", description="vmi kernel library: list, run, bench, source, precompile, cache, demo")
     parser.add_argument("--version", action=_Versions, help="the installed versions of vmi, torch and tilelang")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, the whole traceback instead of one line")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="ops and their status per target")
 
     def op_parser(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("op")
+        p.add_argument("op", help="the op's name (`vmi list`), e.g. per_token_cast")
         p.add_argument("-o", "--opt", action="append", default=[], metavar="NAME=VALUE",
                        help="an op option, e.g. -o fmt=e2m1 -o num_per_channels=16")
         p.add_argument("--flavor", choices=FLAVORS,
                        help="bit conventions: cpu runs either (default $VMI_FLAVOR, else ascend); ascend, "
                             "ascend-sim and cuda only their own")
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (default 0)")
         return p
 
     run = op_parser("run", "run an op, check it against the reference, time both")
-    run.add_argument("--shape", type=_shape)
-    run.add_argument("--target", choices=TARGETS, default="cpu")
-    run.add_argument("--repeat", type=_positive, default=3)
+    run.add_argument("--shape", type=_shape, help="input shape, e.g. 4096x7168 (default: the op's)")
+    run.add_argument("--target", choices=TARGETS, default="cpu", help="where the kernel runs (default cpu)")
+    run.add_argument("--repeat", type=_positive, default=3,
+                     help="timed calls of the kernel and of the reference (default 3)")
     bench_parser = op_parser("bench", "the cpu kernel against the torch reference, a torch baseline and the "
                                       "machine's copy bandwidth")
-    bench_parser.add_argument("--shape", type=_shape)
-    bench_parser.add_argument("--repeat", type=_positive, default=10)
+    bench_parser.add_argument("--shape", type=_shape, help="one shape, e.g. 4096x7168 (default: the op's bench shapes)")
+    bench_parser.add_argument("--repeat", type=_positive, default=10,
+                              help="timed calls per shape, best kept (default 10)")
     bench_parser.add_argument("--threads", type=_thread_counts, default=(1, 2), metavar="1,2",
                               help="thread counts to run (torch threads and VMI_CPU_THREADS), default 1,2")
     bench_parser.add_argument("--tokens", type=_thread_counts, metavar="1,16,...",
@@ -476,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
                               help="also write a chart of GB/s by token count for the last thread count "
                                    "(kernel, reference, baseline, copy bandwidth; needs vmi-core[plot])")
     source = op_parser("source", "print the generated kernel source")
-    source.add_argument("--target", choices=TARGETS, required=True)
+    source.add_argument("--target", choices=TARGETS, required=True, help="the target to lower for")
     source.add_argument("--stats", action="store_true",
                         help="Ascend only: vector regions, and per-element counts of one ascend-sim launch")
     source.add_argument("--shape", type=_shape, help="the shape --stats runs (default: the op's)")
@@ -520,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](ops, args)
     except (UserError, ValueError, TypeError) as error:
+        if args.debug:
+            raise
         # The ops' argument checks raise ValueError/TypeError naming the argument.
         print(f"vmi: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
