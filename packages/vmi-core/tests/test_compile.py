@@ -111,6 +111,9 @@ class TestCache:
         monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path))
         assert vc.cache_dir() == tmp_path / vc.cache_key()
         monkeypatch.delenv("TILELANG_CACHE_DIR")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        assert vc.cache_dir() == tmp_path / "xdg" / "vmi" / vc.cache_key()
+        monkeypatch.delenv("XDG_CACHE_HOME")
         assert vc.cache_dir() == Path.home() / ".cache" / "vmi" / vc.cache_key()
 
     def test_session_cache_is_set(self):

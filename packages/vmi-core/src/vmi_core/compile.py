@@ -257,9 +257,10 @@ def private_dir(path: Path) -> Path:
 
 
 def cache_dir() -> Path:
-    """vmi's kernel cache: ``$VMI_CACHE_DIR`` (else ``$TILELANG_CACHE_DIR``, else ``~/.cache/vmi``) / key."""
+    """vmi's kernel cache: ``$VMI_CACHE_DIR`` (else ``$TILELANG_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/vmi``, else ``~/.cache/vmi``) / key."""
     root = os.environ.get(CACHE_DIR_ENV) or os.environ.get("TILELANG_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "vmi"
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vmi"
     return base / cache_key()
 
 

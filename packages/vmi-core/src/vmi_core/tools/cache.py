@@ -1,8 +1,9 @@
 """What the kernel cache holds, and removing it: ``vmi cache info`` and ``vmi cache clear``.
 
-The cache root (``$VMI_CACHE_DIR``, else ``$TILELANG_CACHE_DIR``, else ``~/.cache/vmi``) holds one
-directory per cache key, ``vmi-<version>-<digest>`` (``compile.cache_key``): the current one, and
-those of earlier vmi versions or toolchains, which nothing reads any more. Within a key directory,
+The cache root (``compile.cache_dir``'s parent: ``$VMI_CACHE_DIR``, else ``$TILELANG_CACHE_DIR``,
+else ``$XDG_CACHE_HOME/vmi``, else ``~/.cache/vmi``) holds one directory per cache key,
+``vmi-<version>-<digest>`` (``compile.cache_key``): the current one, and those of earlier vmi
+versions or toolchains, which nothing reads any more. Within a key directory,
 an entry is one of TileLang's kernel directories (``<tilelang version>/<platform>/kernels/<hash>``:
 cpu and cuda kernels), an ascend-sim library (``ascend-sim/*.so``) or an Ascend lowering
 (``ascend-lowered/*.json``); the records in ``entries/`` say which op and target each belongs to.
