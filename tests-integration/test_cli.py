@@ -36,6 +36,21 @@ def test_version_names_every_installed_distribution_on_one_line(capsys):
                                                                    "torch", "tilelang")) + "\n"
 
 
+def test_a_reader_that_went_away_gets_no_traceback():
+    """``vmi list | head -1``: output into a pipe nobody reads (its read end closed before the
+    command writes) ends the command quietly."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "vmi_core.tools.cli", "list"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=600)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+
+
 def test_list_shows_installed_ops_per_target():
     result = vmi("list")
     assert result.returncode == 0, result.stderr

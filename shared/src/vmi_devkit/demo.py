@@ -72,9 +72,10 @@ def _print_errors(label: str, errors: dict[str, float]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="vmi demo block", description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--flavor", choices=("ascend", "cuda"), default="ascend")
+    parser = argparse.ArgumentParser(prog="vmi demo block", description=" ".join(__doc__.split()))
+    parser.add_argument("--seed", type=int, default=0, help="seed of the block's weights and inputs (default 0)")
+    parser.add_argument("--flavor", choices=("ascend", "cuda"), default="ascend",
+                        help="bit conventions of the cpu kernels and the references (default ascend)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs of each implementation (medians shown)")
     parser.add_argument("--threads", type=int, default=1,
                         help="threads of torch and of the cpu kernels (default 1: stable timings on a busy machine)")

@@ -519,6 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         # The ops' argument checks raise ValueError/TypeError naming the argument.
         print(f"vmi: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`vmi list | head`): stop quietly, and keep Python's exit flush from
+        # raising again on the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
