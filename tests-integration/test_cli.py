@@ -59,6 +59,20 @@ def test_list_shows_installed_ops_per_target():
         assert target in result.stdout
 
 
+def test_list_compact_and_json_name_the_same_ops(capsys):
+    import json
+
+    from vmi_core.tools.registry import discover
+
+    names = sorted({op.name for op in discover().values()})
+    status, out, _ = in_process(capsys, "list", "--compact")
+    assert status == 0 and sorted(line.split()[0] for line in out.splitlines()) == names
+    status, out, _ = in_process(capsys, "list", "--json")
+    listed = json.loads(out)
+    assert status == 0 and sorted(op["name"] for op in listed) == names
+    assert all(set(op["targets"]) == {"ascend", "cuda", "cpu", "ascend-sim"} and op["family"] for op in listed)
+
+
 def test_run_checks_against_the_reference():
     result = vmi("run", "per_token_cast", "--shape", "64x256", "--repeat", "1")
     assert result.returncode == 0, result.stdout + result.stderr

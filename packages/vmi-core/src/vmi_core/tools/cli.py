@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import sys
 import time
@@ -107,11 +108,17 @@ def cmd_list(ops: dict[str, OpInfo], args) -> int:
     if not unique:
         print(f"no ops installed (install {', '.join(FAMILY_DISTRIBUTIONS[:-1])} or {FAMILY_DISTRIBUTIONS[-1]})")
         return 0
+    if args.json:
+        print(json.dumps([{"name": op.name, "family": op.family, "summary": op.summary,
+                           "targets": {target: op.targets.get(target, "not available") for target in TARGETS}}
+                          for op in unique], indent=1))
+        return 0
     width = max(len(op.name) for op in unique)
     for op in unique:
         print(f"{op.name:<{width}}  [{op.family}] {op.summary}")
-        for target in TARGETS:
-            print(f"{'':<{width}}    {target:<10} {op.targets.get(target, 'not available')}")
+        if not args.compact:
+            for target in TARGETS:
+                print(f"{'':<{width}}    {target:<10} {op.targets.get(target, 'not available')}")
     return 0
 
 
@@ -438,7 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="on an error, the whole traceback instead of one line")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="ops and their status per target")
+    listing = sub.add_parser("list", help="ops and their status per target")
+    form = listing.add_mutually_exclusive_group()
+    form.add_argument("--compact", action="store_true", help="one line per op: name, family, summary")
+    form.add_argument("--json", action="store_true", help="the same as JSON, with the status per target")
 
     def op_parser(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
