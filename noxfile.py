@@ -109,7 +109,7 @@ def build(session: nox.Session) -> None:
     dist = ROOT / "dist"
     for old in dist.glob("vmi_*.whl"):
         old.unlink()
-    core = rc.project("vmi-core")["version"]
+    core = rc.version_of("vmi-core")
     try:
         for package in PACKAGES:
             rc.build(package, dist, sdist=False)

@@ -6,8 +6,9 @@
 
 For the package (``vmi-core``, ``vmi-quant``, ``vmi-mhc`` or ``vmi-moe``):
 
-1. the tag, if given, is ``<package>-v<version>`` with the version of ``packages/<package>/pyproject.toml``,
-   and the package's CHANGELOG.md has an entry for that version, dated when a tag is given;
+1. the tag, if given, is ``<package>-v<version>`` with the package's version (its module's
+   ``__version__``, which hatch reads for the metadata), and the package's CHANGELOG.md has an entry
+   for that version, dated when a tag is given;
 2. a family package's ``vmi-core`` requirement admits the in-tree vmi-core's version (a family that
    needs a newer vmi-core than its pin allows fails here: release vmi-core first, then raise the pin);
 3. its wheel and sdist are built into ``OUT/publish`` (only they: the workflow uploads that folder),
@@ -79,6 +80,16 @@ def project(package: str) -> dict:
         return tomllib.load(f)["project"]
 
 
+def version_of(package: str) -> str:
+    """The package's version: its module's ``__version__`` (the one place it is written; hatch reads
+    it there for the metadata)."""
+    init = (ROOT / "packages" / package / "src" / package.replace("-", "_") / "__init__.py").read_text()
+    match = re.search(r'^__version__ = "([^"]+)"$', init, flags=re.M)
+    if match is None:
+        raise CheckFailed(f"packages/{package}: no __version__ = \"X.Y.Z\" line in the module's __init__.py")
+    return match[1]
+
+
 def package_of_tag(tag: str) -> tuple[str, str]:
     match = TAG.match(tag)
     if not match or match["package"] not in PACKAGES:
@@ -88,13 +99,13 @@ def package_of_tag(tag: str) -> tuple[str, str]:
 
 def check_version(package: str, tag: str | None) -> str:
     """The package's version; with a tag, the tag must name this package at this version."""
-    version = project(package)["version"]
+    version = version_of(package)
     if tag is not None:
         tagged, tag_version = package_of_tag(tag)
         if tagged != package:
             raise CheckFailed(f"tag {tag} is for {tagged}, not {package}")
         if tag_version != version:
-            raise CheckFailed(f"tag {tag} says {tag_version}, packages/{package}/pyproject.toml says {version}")
+            raise CheckFailed(f"tag {tag} says {tag_version}, {package}'s __version__ says {version}")
     check_changelog((ROOT / "packages" / package / "CHANGELOG.md").read_text(), package, version,
                     released=tag is not None)
     say(f"{package} {version}" + (f" matches tag {tag}" if tag else "") + ", CHANGELOG entry present")
@@ -116,7 +127,7 @@ def check_core_pin(package: str) -> str | None:
     """A family's vmi-core requirement must admit the in-tree vmi-core; returns that version."""
     if package == "vmi-core":
         return None
-    core = project("vmi-core")["version"]
+    core = version_of("vmi-core")
     pins = [Requirement(r) for r in project(package).get("dependencies", [])]
     pins = [r for r in pins if r.name == "vmi-core"]
     if not pins:
@@ -204,7 +215,7 @@ def smoke(python: Path, package: str) -> None:
     bindir = python.parent
     module = package.replace("-", "_")
     printed = run(python, "-c", f"import {module}; print({module}.__name__, {module}.__version__)", capture=True)
-    expected = f"{module} {project(package)['version']}"
+    expected = f"{module} {version_of(package)}"
     if printed.strip() != expected:
         raise CheckFailed(f"the installed {package} says {printed.strip()!r}, expected {expected!r}")
     op = SMOKE_OPS[package]

@@ -18,7 +18,7 @@ _spec.loader.exec_module(rc)
 
 @pytest.mark.parametrize("package", rc.PACKAGES)
 def test_the_current_version_passes_and_its_tag_needs_a_dated_heading(package):
-    version = rc.project(package)["version"]
+    version = rc.version_of(package)
     assert rc.check_version(package, None) == version
     changelog = (ROOT / "packages" / package / "CHANGELOG.md").read_text()
     if "unreleased" in changelog.split("\n## ")[1].splitlines()[0]:
@@ -57,7 +57,7 @@ def test_a_tag_that_does_not_match_fails(tag, says):
 
 @pytest.mark.parametrize("package", ["vmi-quant", "vmi-mhc", "vmi-moe"])
 def test_family_pins_admit_the_in_tree_core(package):
-    assert rc.check_core_pin(package) == rc.project("vmi-core")["version"]
+    assert rc.check_core_pin(package) == rc.version_of("vmi-core")
     assert rc.check_core_pin("vmi-core") is None
 
 
