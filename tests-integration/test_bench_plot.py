@@ -40,6 +40,18 @@ def test_figure_has_kernel_reference_baseline_and_copy_lines():
     assert list(lines["copy bandwidth"].get_ydata()) == [20.0, 20.0]
 
 
+def test_a_long_title_stays_inside_the_figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    title = ("swiglu_forward_and_per_token_cast (fmt=e4m3, num_per_channels=32, use_tma_aligned_col_major_sf=True, "
+             "round_sf=True, use_packed_ue8m0=True, psum=True), cpu, 2 threads, flavor ascend, hidden 7168")
+    fig = plot.throughput_figure(title, ROWS, 20e9)
+    FigureCanvasAgg(fig).draw()
+    box = fig.axes[0].title.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width
+    assert " ".join(fig.axes[0].get_title().splitlines()) == title
+
+
 def test_figure_without_a_baseline_has_three_lines():
     rows = {shape: {k: v for k, v in r.items() if k != "base_s"} for shape, r in ROWS.items()}
     assert plot.series(plot.throughput_figure("cast", rows, 20e9)) == ["kernel", "reference", "copy bandwidth"]
