@@ -82,21 +82,19 @@ def _check_shape(op: OpInfo, shape: tuple[int, ...]) -> None:
                         f"{'x'.join(map(str, op.default_shape))}, got {'x'.join(map(str, shape))}")
 
 
-def _not_installed() -> list[str]:
-    missing = []
-    for name in FAMILY_DISTRIBUTIONS:
-        try:
-            version(name)
-        except PackageNotFoundError:
-            missing.append(name)
-    return missing
+def _installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` from its metadata (nothing is imported), or None."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def _op(ops: dict[str, OpInfo], name: str) -> OpInfo:
     if name not in ops:
         close = difflib.get_close_matches(name, ops, n=3)
         hint = f"did you mean {' or '.join(close)}?" if close else "`vmi list` shows the installed ops"
-        missing = _not_installed()
+        missing = [name for name in FAMILY_DISTRIBUTIONS if _installed_version(name) is None]
         if missing:
             hint += f" ({', '.join(missing)} not installed: their ops are not known here)"
         raise UserError(f"unknown op {name!r}; {hint}")
@@ -417,15 +415,10 @@ VERSIONED = ("vmi-core", *FAMILY_DISTRIBUTIONS, "torch", "tilelang")
 
 
 def versions() -> str:
-    """The installed versions of ``VERSIONED`` (from their metadata: nothing is imported)."""
-    found = []
-    for name in VERSIONED:
-        try:
-            found.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            if name.startswith("vmi-") and name != "vmi-core":
-                found.append(f"{name} not installed")
-    return ", ".join(found)
+    """The installed versions of ``VERSIONED``; a family that is not installed says so."""
+    found = [(name, _installed_version(name)) for name in VERSIONED]
+    return ", ".join(f"{name} {found_version or 'not installed'}" for name, found_version in found
+                     if found_version or name in FAMILY_DISTRIBUTIONS)
 
 
 class _Versions(argparse.Action):
