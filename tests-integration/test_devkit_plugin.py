@@ -36,3 +36,18 @@ def test_target_selects_and_the_default_is_every_runnable_target():
 def test_unknown_target_is_a_usage_error():
     result = collect("--target", "rocm")
     assert result.returncode == 4 and "unknown target(s) rocm" in result.stderr
+
+
+def test_slow_budget_skips_the_slow_tests_left_when_it_is_spent(tmp_path):
+    """A budget of 0 s is spent before the first test: in the xdist worker (which must inherit the
+    controller's deadline) every slow test is skipped with the reason, every other test runs."""
+    (tmp_path / "test_budget.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.slow\n@pytest.mark.parametrize('i', range(4))\ndef test_slow(i):\n    pass\n\n"
+        "@pytest.mark.parametrize('i', range(2))\ndef test_quick(i):\n    pass\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "1", "-rs", "-p", "no:cacheprovider",
+                             "--slow-budget", "0", "test_budget.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed, 4 skipped" in result.stdout
+    assert result.stdout.count("budget of 0 s is spent (--slow-budget)") >= 1

@@ -16,13 +16,16 @@ for that this machine cannot run is skipped, with the reason.
 Slow share: ``--slow-share F --slow-seed S`` keeps a seeded share ``F`` of the slow sweeps: CI
 runs a different share each time (it prints the seed), ``nox -s slow`` runs them all, and any CI
 selection replays from its seed. The choice hashes each test's node id with the seed, so every
-xdist worker selects the same tests.
+xdist worker selects the same tests. ``--slow-budget S`` bounds the wall time they may take: a slow
+test that would start more than ``S`` seconds after the run began is skipped, saying so, so CI's
+step ends inside its budget on a slow machine and reports what it left out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import pytest
 
@@ -37,6 +40,8 @@ MARKERS = (
     "nox -s slow, CI's share leaves them out)",
 )
 
+_DEADLINE = "VMI_SLOW_DEADLINE"  # --slow-budget's end, seconds since the epoch
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("vmi")
@@ -46,6 +51,8 @@ def pytest_addoption(parser):
     group.addoption("--slow-share", type=float, default=1.0,
                     help="fraction of the slow tests to run, chosen by --slow-seed (default: all)")
     group.addoption("--slow-seed", type=int, default=0, help="seed of the --slow-share selection")
+    group.addoption("--slow-budget", type=float, default=None, metavar="SECONDS",
+                    help="skip the slow tests that would start SECONDS after the run began (default: no bound)")
 
 
 def runnable_targets() -> tuple[str, ...]:
@@ -74,6 +81,17 @@ def pytest_configure(config):
     share = config.getoption("--slow-share")
     if not 0.0 < share <= 1.0:
         raise pytest.UsageError(f"--slow-share must be in (0, 1], got {share}")
+    budget = config.getoption("--slow-budget")
+    if budget is not None and not hasattr(config, "workerinput"):
+        # Set in the controller before the xdist workers start: they inherit one deadline.
+        os.environ[_DEADLINE] = repr(time.time() + budget)
+
+
+def pytest_runtest_setup(item):
+    budget = item.config.getoption("--slow-budget")
+    if budget is not None and item.get_closest_marker("slow") is not None \
+            and time.time() > float(os.environ[_DEADLINE]):
+        pytest.skip(f"the slow tests' budget of {budget:g} s is spent (--slow-budget)")
 
 
 def _in_share(nodeid: str, seed: int, share: float) -> bool:
