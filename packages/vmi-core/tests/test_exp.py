@@ -6,7 +6,9 @@ within 2^-44 (relative) of a binary32 rounding boundary and settles it with mpma
 
 The default run: the inputs the fast path flags (``data/exp_hard_inputs.txt``), the special values
 and a seeded sample, through a cpu kernel (scalar lanes in a vectorized loop) and an ascend-sim
-kernel (64-lane registers in a SIMD region). ``nox -s exhaustive``: every binary32 input on cpu.
+kernel (64-lane registers in a SIMD region), and on cpu through ``Shell.exp`` (a tile at a time:
+the exact evaluation only for tiles with a hard lane). ``nox -s exhaustive``: every binary32 input
+on cpu, both forms.
 """
 
 from __future__ import annotations
@@ -17,9 +19,20 @@ import mpmath
 import pytest
 import torch
 
+from vmi_core.compile import kernel_source
 from vmi_core.tools import gen_constants
+from vmi_core.tools.source_checks import transcendental_calls
 from vmi_core.tools.testing import assert_bitwise_equal
-from vmi_devkit.lane_kernels import assert_vectorized_without_transcendentals, every_binary32, misrounded, run_lane_map
+from vmi_devkit.lane_kernels import (
+    ExpTile,
+    assert_vectorized_without_transcendentals,
+    build_exp_tile,
+    every_binary32,
+    exp_tile_cpu_loops,
+    misrounded,
+    run_exp_tile,
+    run_lane_map,
+)
 
 HARD = Path(__file__).parent / "data" / "exp_hard_inputs.txt"
 SPECIAL = (0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x00800000, 0x33000000, 0xB3800000,
@@ -69,6 +82,24 @@ def test_hard_special_and_sampled_inputs(target):
     assert not bool(flagged[listed:].any()), "no input outside the list is flagged"
 
 
+def test_exp_tile_on_cpu():
+    """The hard inputs and the specials fill the first tile (its second pass runs); the sampled
+    inputs fill tiles that almost surely have no hard lane (the second pass is skipped)."""
+    x = inputs(SAMPLE["cpu"])
+    assert_bitwise_equal(run_exp_tile(x, "cpu"), oracle(x), "Shell.exp on cpu", any_nan=True)
+
+
+def test_exp_tile_passes_vectorize_and_the_exact_pass_runs_only_for_marked_tiles():
+    assert transcendental_calls(kernel_source(build_exp_tile, ExpTile(1 << 16), "cuda", simd_parallel=False)) == []
+    loops = exp_tile_cpu_loops()
+    if loops is None:
+        pytest.skip("GCC is not installed: the vectorizer report that shows the cpu loops vectorize is unavailable")
+    assert any(loop.startswith("for (int32_t i = 0; i < 1024; ++i) { v[0] = x[i];") for loop in loops), loops
+    assert any("marked[0] = (marked[0] + " in loop for loop in loops), loops
+    source = kernel_source(build_exp_tile, ExpTile(1 << 16), "cpu", simd_parallel=False)
+    assert "if (marked[0] != 0) {" in source
+
+
 def test_constants_are_the_generators_output():
     assert gen_constants.TARGET.read_text() == gen_constants.render()
 
@@ -84,6 +115,7 @@ def test_every_binary32_input():
     flagged, settled = [], 0
     for x in every_binary32():
         flagged += (x.view(torch.int32)[check(x, "cpu")].to(torch.int64) & 0xFFFFFFFF).tolist()
+        assert_bitwise_equal(run_exp_tile(x, "cpu"), oracle(x), "Shell.exp on cpu", any_nan=True)
         count, wrong = misrounded(x, torch.exp(x.double()), mpmath.exp)
         assert wrong == [], "the float64 oracle misrounds"
         settled += count

@@ -73,6 +73,42 @@ def run_lane_map(probe: str, x: torch.Tensor, target: str) -> list[torch.Tensor]
     return outs
 
 
+@dataclass(frozen=True)
+class ExpTile:
+    n: int
+    block: int = 1024
+
+
+def build_exp_tile(spec: ExpTile, target: str):
+    """``Y = e^X`` through ``Shell.exp``, a ``(1, block)`` tile at a time."""
+    rows, block = spec.n // spec.block, spec.block
+    sh = Shell(target)
+
+    @T.prim_func
+    def exp_tile(X: T.Tensor((rows, block), "float32"), Y: T.Tensor((rows, block), "float32")):
+        with sh.kernel(rows) as bx:
+            x = sh.tile((1, block), "float32")
+            y = sh.tile((1, block), "float32")
+            _emit(sh.copy(X[bx, 0], x))
+            sh.exp((1, block), x, y)
+            _emit(sh.copy(y, Y[bx, 0]))
+
+    return exp_tile
+
+
+def run_exp_tile(x: torch.Tensor, target: str) -> torch.Tensor:
+    """``Shell.exp`` of a 1-D fp32 ``x`` whose length is a multiple of 1024."""
+    kernel = cached_kernel(build_exp_tile, ExpTile(x.numel()), target, simd_parallel=False)
+    y = torch.empty_like(x)
+    kernel(x.contiguous().view(-1, 1024), y.view(-1, 1024))
+    return y
+
+
+def exp_tile_cpu_loops() -> list[str] | None:
+    """The loops GCC vectorizes in the cpu source of ``build_exp_tile`` (None without GCC)."""
+    return cpu_vectorized_loops(kernel_source(build_exp_tile, ExpTile(1 << 16), "cpu", simd_parallel=False))
+
+
 def assert_vectorized_without_transcendentals(probe: str) -> None:
     """No target's source of the probe calls an exp/log-family function, and GCC vectorizes its cpu
     element loop (skipped where GCC is not installed: its vectorizer report is the evidence)."""

@@ -20,9 +20,10 @@ Two evaluations, both branch-free:
   goes through round-to-odd, so it is correctly rounded everywhere (the binary32 input closest to a
   rounding boundary lies 2^-52.64 from it).
 
-``exp`` returns the fast result, or the exact one on hard lanes. Both are verified against the oracle
-on every binary32 input (``nox -s exhaustive``); the default tests check the hard lanes, the special
-values and a seeded sample on cpu and ascend-sim.
+``exp_cr`` returns the fast result, or the exact one on hard lanes, computing both per lane;
+``exp_tile`` (a tile at a time, ``Shell.exp``) computes the exact one only for the hard lanes. Both
+evaluations are verified against the oracle on every binary32 input (``nox -s exhaustive``); the
+default tests check the hard lanes, the special values and a seeded sample on cpu and ascend-sim.
 """
 
 from __future__ import annotations
@@ -47,26 +48,6 @@ _SHIFT = 12582912.0  # adding it leaves round(x·N/ln2) in the low mantissa bits
 _XMIN = -104.0  # e^-104 < 2^-150: below it e^x rounds to +0
 _DELTA = float.fromhex("0x1.6a09e6p-45")  # 2^-44.5: half-width of the bracket, relative to S
 _F32_ABS, _F32_INF, _QUIET = 0x7FFFFFFF, 0x7F800000, 0x00400000
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _reduce(x, n: int):
@@ -145,8 +126,6 @@ def _finish(x, rounded_bits, e, sub, cb):
     y = keep_flat(select(x < f32_const(_XMIN), u32(0), y))
     xb = keep_flat(f32_bits(x))
     return f32_from_bits(select((xb & u32(_F32_ABS)) > u32(_F32_INF), keep_flat(xb | u32(_QUIET)), y))
-
-
 
 
 def exp_exact(x):
@@ -229,15 +208,55 @@ def exp_cr(x):
 
 
 def exp(x):
-    """The kernels' ``e^x``: ``exp_cr`` on scalar lanes (cpu, cuda, Ascend SIMT); on a ``Vec`` (Ascend
-    SIMD) still the vector unit's ``vexp``, which ascend-sim models as correctly rounded with
-    flush-to-zero, a behaviour the vendor does not document. ``exp_cr`` on a ``Vec`` is verified on
-    ascend-sim, but inlined at every call site its ~370 vector operations cost TileLang 10-20 s of
-    Ascend lowering per mHC kernel: the SIMD kernels switch to it once its tables are registers
-    loaded once per kernel and its call sites run once per register loop (docs/core.md)."""
+    """The kernels' lane ``e^x``, for a phase that fuses the exp into its arithmetic: ``exp_cr`` on
+    scalar lanes (cpu, cuda, Ascend SIMT); on a ``Vec`` (Ascend SIMD) still the vector unit's
+    ``vexp``, which ascend-sim models as correctly rounded with flush-to-zero, a behaviour the
+    vendor does not document (docs/core.md says why ``exp_cr`` is not used there yet). A phase that
+    can afford an fp32 tile of exps takes them with ``Shell.exp`` (``exp_tile``), which is faster."""
     if isinstance(x, Vec):
         return Vec(simd().vexp(x.expr))
     return exp_cr(x)
+
+
+# e^x is never negative, and a NaN compares false: the fast pass marks undecided lanes with it.
+_HARD = -1.0
+
+
+@T.macro
+def exp_tile(shape, src, dst, skip_decided_tiles: bool):
+    """``dst = e^src`` element-wise over a ``(rows, cols)`` tile domain, correctly rounded, on scalar lanes.
+
+    Two passes: the fast evaluation of every element (branch-free: it vectorizes on cpu), which
+    marks the few lanes it cannot decide (about one input in 2^23) with a negative value, then the
+    exact evaluation of the marked ones. ``skip_decided_tiles`` (cpu): count the marks first and
+    skip the second pass when there are none, since GCC vectorizes that pass too (masked), which
+    would evaluate the exact form on every lane. ``src`` and ``dst`` are distinct tiles.
+    """
+    rows, cols = shape
+    for i, j in T.Parallel(rows, cols):
+        _fast_or_mark(src, dst, i, j)
+    if skip_decided_tiles:
+        marked = T.alloc_var("int32")
+        marked = 0
+        for i, j in T.grid(rows, cols):
+            marked = marked + T.Cast("int32", dst[i, j] < f32_const(0.0))
+        if marked != 0:
+            for i, j in T.Parallel(rows, cols):
+                _settle(src, dst, i, j)
+    else:
+        for i, j in T.Parallel(rows, cols):
+            _settle(src, dst, i, j)
+
+
+def _fast_or_mark(src, dst, i, j):
+    y, hard = exp_with_flag(keep_flat(src[i, j]))
+    T.buffer_store(dst, select(hard, f32_const(_HARD), y), [i, j])
+
+
+@T.macro
+def _settle(src, dst, i, j):
+    if dst[i, j] < f32_const(0.0):
+        T.buffer_store(dst, exp_exact(keep_flat(src[i, j])), [i, j])
 
 
 def exp_each(values: list) -> list:

@@ -33,6 +33,7 @@ import tilelang.language as TL
 from tvm import tirx
 
 from . import vector as V
+from .exp import exp, exp_tile
 
 # Persistent workers per target: Ascend 950 vector cores, H200 SMs (x2 blocks), one CPU thread.
 DEFAULT_WORKERS = {"ascend": 64, "cuda": 264, "cpu": 1}
@@ -178,6 +179,19 @@ class Shell:
                 to_tile = isinstance(src, tirx.BufferLoad)
                 return _full_or_edge_copy(*view, dst if to_tile else src, src, dst, to_tile)
         return self.T.copy(src, dst)
+
+    def exp(self, shape, src, dst):
+        """``dst = e^src`` over a ``(rows, cols)`` tile domain, as a phase of its own (outside vector regions):
+        correctly rounded on cpu and cuda (``vmi_core.tl.exp.exp_tile``: a vectorizable fast pass,
+        then the exact evaluation of the rare lanes it leaves undecided). On Ascend still the
+        vector unit's ``vexp`` in a SIMD region, whose bits the vendor does not document: the
+        correctly rounded form, as SIMT lanes here, is verified on ascend-sim but costs TileLang's
+        AutoSchedule and InsertSync passes minutes per kernel (docs/core.md)."""
+        if not self.is_ascend:
+            exp_tile(shape, src, dst, self.is_cpu)
+            return
+        with self.vector(SIMD):
+            self.elementwise(shape, lambda at: exp(at.load(src)), dst)
 
     def buffer_versions(self, versions: dict):
         """Multi-buffer ``{tile: count}`` on targets that pipeline DMA (Ascend)."""

@@ -11,15 +11,16 @@ Per tile:
    gives the row's expert; a row outside every expert's range is skipped whole (nothing is read
    or written);
 2. DMA the gate and up slices of the row into two on-chip tiles; read the row's weight;
-3. per element: clamp, ``silu = a / (1 + exp(-a))``, ``y = silu * b * w`` (fp32), stored as
-   fp32 or bf16, or kept for quantization;
+3. per element: clamp, ``e = exp(-a)`` over the tile (``Shell.exp``), ``silu = a / (1 + e)``,
+   ``y = silu * b * w`` (fp32), stored as fp32 or bf16, or kept for quantization;
 4. E4M3: per group of ``num_per_channels``, the amax, scales and codes (vmi_quant.kernels.common);
 5. clamp counters: per-row sums of the three clamp indicators (fixed-order fp32 sums of 0/1,
    exact), added to the worker's int64 totals, which go to a per-worker workspace row at the end;
 6. DMA the output slice; scatter the tile's SF into its layout (unused packed bytes untouched).
 
-On Ascend, phases 3-5 run as explicit vector code in a SIMD region; the SF scatter writes at
-computed addresses and runs in a SIMT region.
+On Ascend, phases 3-5 run as explicit vector code in SIMD regions, except the exps, which run
+as SIMT lanes between them (``Shell.exp``); the SF scatter writes at computed addresses and runs in
+a SIMT region.
 """
 
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.targets import lowering_target
 from vmi_core.tl import formats as F
-from vmi_core.tl.exp import exp
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import keep, select
 from vmi_core.tl.vector import decode
@@ -75,15 +75,20 @@ class SwigluForwardSpec:
 def clamp_gate_up(a, b, clamp):
     """``(min(a, c), clamp(b, -c, c))`` of fp32 lane values; comparisons keep a NaN as it is (a NaN
     is above nothing and below nothing)."""
-    return select(a > clamp, clamp, a), select(b > clamp, clamp, select(b < -clamp, -clamp, b))
+    return clamped_gate(a, clamp, True), select(b > clamp, clamp, select(b < -clamp, -clamp, b))
 
 
-def silu_quotient(a, flush_division: bool, in_simd: bool):
-    """``fl(a / fl(1 + exp(-a)))`` of an fp32 lane value (bound once: ``keep``), with the correctly
-    rounded exp; ``flush_division``: the Ascend vector division (subnormal operand and quotient
-    flushed to signed zero, ``vmi_core.tl.formats.ascend_quotient``), which SIMD regions run
-    (``in_simd``) and scalar code models."""
-    return F.flavor_quotient(a, 1.0 + exp(-a), flush_division, in_simd)
+def clamped_gate(a, clamp, with_clamp: bool):
+    """The gate ``a`` as ``silu`` sees it: ``min(a, c)`` with a clamp (``clamp_gate_up``'s)."""
+    return select(a > clamp, clamp, a) if with_clamp else a
+
+
+def silu_quotient(a, exp_neg_a, flush_division: bool, in_simd: bool):
+    """``fl(a / fl(1 + exp(-a)))`` of an fp32 lane value (bound once: ``keep``), given ``exp(-a)``
+    (correctly rounded: ``Shell.exp``); ``flush_division``: the Ascend vector division (subnormal
+    operand and quotient flushed to signed zero, ``vmi_core.tl.formats.ascend_quotient``), which
+    SIMD regions run (``in_simd``) and scalar code models."""
+    return F.flavor_quotient(a, 1.0 + exp_neg_a, flush_division, in_simd)
 
 
 @kernel(simd_parallel=False, simt_8bit=True)
@@ -110,17 +115,20 @@ def build_swiglu_forward(spec: SwigluForwardSpec, target: str):
     H = XW // 2
     num_sf_cols = T.ceildiv(H, npc)
 
-    def swiglu(at, xl, xr, clamp, weight):
+    def negated_gate(at, xl, clamp):
+        return -clamped_gate(decode(spec.in_fmt, at, xl), clamp, spec.with_clamp)
+
+    def swiglu(at, xl, xr, clamp, weight, exp_neg_gate):
         a, b = decode(spec.in_fmt, at, xl), decode(spec.in_fmt, at, xr)
         if spec.with_clamp:
             a, b = clamp_gate_up(a, b, clamp)
-        y = silu_quotient(keep(a), spec.flush_division, sh.in_simd) * b
+        y = silu_quotient(keep(a), at.load(exp_neg_gate), spec.flush_division, sh.in_simd) * b
         if spec.with_weights:
             y = y * weight
         return canonical_nan(y)
 
-    def output_value(at, xl, xr, clamp, weight):
-        y = swiglu(at, xl, xr, clamp, weight)
+    def output_value(at, xl, xr, clamp, weight, exp_neg_gate):
+        y = swiglu(at, xl, xr, clamp, weight, exp_neg_gate)
         return F.f32_to_bf16(y) if spec.fmt == "bf16" else y
 
     def indicator(at, cols, hit):
@@ -142,12 +150,18 @@ def build_swiglu_forward(spec: SwigluForwardSpec, target: str):
         sh.elementwise((1, BK), lambda at: encode("e4m3", at.load(y) * at.group(sf_inv, npc)), q)
 
     @T.macro
-    def activation(xl, xr, clamp, weight, y, amax, sf_val, sf_inv, out):
+    def gate_exps(xl, clamp, neg_gate, exp_neg_gate):
+        with sh.vector(SIMD):
+            sh.elementwise((1, BK), lambda at: negated_gate(at, xl, clamp), neg_gate)
+        sh.exp((1, BK), neg_gate, exp_neg_gate)
+
+    @T.macro
+    def activation(xl, xr, clamp, weight, exp_neg_gate, y, amax, sf_val, sf_inv, out):
         if quantized:
-            sh.elementwise((1, BK), lambda at: swiglu(at, xl, xr, clamp, weight), y)
+            sh.elementwise((1, BK), lambda at: swiglu(at, xl, xr, clamp, weight, exp_neg_gate), y)
             quantize(y, amax, sf_val, sf_inv, out)
         else:
-            sh.elementwise((1, BK), lambda at: output_value(at, xl, xr, clamp, weight), out)
+            sh.elementwise((1, BK), lambda at: output_value(at, xl, xr, clamp, weight, exp_neg_gate), out)
 
     @T.macro
     def scatter_scales(SF, sf_val, row, k0, sf_sm, sf_sk):
@@ -208,6 +222,8 @@ def build_swiglu_forward(spec: SwigluForwardSpec, target: str):
                 xr = sh.tile((1, BK), in_dtype)
                 out = sh.tile((1, BK), out_dtype)
                 y = sh.tile((1, BK), "float32")
+                neg_gate = sh.tile((1, BK), "float32")
+                exp_neg_gate = sh.tile((1, BK), "float32")
                 amax = sh.group_tile(1, groups, "uint32")
                 sf_val = sh.group_tile(1, groups, sf_dtype)
                 sf_inv = sh.group_tile(1, groups, "float32")
@@ -224,8 +240,9 @@ def build_swiglu_forward(spec: SwigluForwardSpec, target: str):
                             weight = weight * scaling_factor
                     sh.copy(X[row, k0], xl)
                     sh.copy(X[row, H + k0], xr)
+                    gate_exps(xl, clamp, neg_gate, exp_neg_gate)
                     with sh.vector(SIMD):
-                        activation(xl, xr, clamp, weight, y, amax, sf_val, sf_inv, out)
+                        activation(xl, xr, clamp, weight, exp_neg_gate, y, amax, sf_val, sf_inv, out)
                         if spec.count_clamped:
                             count_clamped(xl, xr, clamp, cols, gate_count, up_above_count, up_below_count)
                     sh.copy(out, OUT[row, k0])

@@ -26,6 +26,7 @@ import tilelang.language as T
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.exp import exp
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, keep, maximum
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store
@@ -71,7 +72,10 @@ def build_swiglu_per_channel(spec: SwigluPerChannelSpec, target: str):
         a, b = decode("bf16", at, xl), decode("bf16", at, xr)
         if spec.with_clamp:
             a, b = clamp_gate_up(a, b, clamp)
-        y = silu_quotient(keep(a), spec.flush_division, sh.in_simd) * b
+        # The exp stays in the fused phase (a lane exp): the fp32 (BM, BK) tiles of Shell.exp, which
+        # swiglu_forward uses, would not fit the Ascend UB beside this kernel's tiles.
+        a = keep(a)
+        y = silu_quotient(a, exp(-a), spec.flush_division, sh.in_simd) * b
         return F.f32_to_bf16(canonical_nan(y))
 
     def channel_value(tile, at):
