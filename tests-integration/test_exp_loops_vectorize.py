@@ -1,4 +1,5 @@
-"""The cpu element loops that evaluate ``exp`` (``vmi_core.tl.exp.exp_cr``, scalar lanes) vectorize, in
+"""The cpu element loops that evaluate ``exp`` (the lane exp ``vmi_core.tl.exp.exp_cr``, or the fast pass
+of ``Shell.exp``, which marks the lanes it cannot decide) vectorize, in
 every op whose exp runs per element: GCC's vectorizer report on the op's cpu kernel at its default
 options, both flavors (the ascend flavor adds the Ascend division to the loop). The default run checks
 one; the slow run all.
@@ -18,7 +19,7 @@ import pytest
 from vmi_core.tools.registry import discover
 from vmi_core.tools.source_checks import cpu_loop_vectorizes
 
-# exp_cr reduces its argument by adding 1.5·2^23, which the cpu source writes as its bits.
+# exp's fast path reduces its argument by adding 1.5·2^23, which the cpu source writes as its bits.
 EXP_MARKER = str(struct.unpack("<I", struct.pack("<f", 1.5 * 2**23))[0])
 OPS = ["swiglu_forward", "swiglu_forward_and_per_token_cast", "swiglu_backward", "swiglu_backward_and_per_token_cast",
        "mhc_pre_split_mixes_fwd", "mhc_head_compute_mix_fwd", "mhc_pre_big_fuse_fwd"]

@@ -89,7 +89,7 @@ def build_head_compute_mix_fwd(spec: HeadComputeMixSpec, target: str):
     def mix_token(x, biases, out, gain, pre_eps, at):
         streams = _Streams(at, x, biases, gain)
         with T.serial(N) as j:
-            at.store(out, j, pre_mix(streams.logit(j), pre_eps, spec.flush_division, sh.in_simd))
+            at.store(out, j, pre_mix(sigmoid(streams.logit(j), spec.flush_division, sh.in_simd), pre_eps))
 
     @T.macro
     def mix(x, biases, out, gain, pre_eps):

@@ -42,6 +42,7 @@ from ..inputs import MHC_MULT, mix_width
 from ..tl.lanes import BiasTable, zero
 from ..tl.mix import row_at, stream_mix
 from ..tl.rms import rms_scale, split_sum
+from ..tl.sigmoid import sigmoid
 from ..tl.sinkhorn import ENTRIES, sinkhorn
 from ..tl.split_mixes import logit, post_mix, pre_mix
 from .norm_fn import padded_mix, row_value
@@ -104,9 +105,9 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
 
         # Loops rather than unrolled entries, as the split kernel has them: one sigmoid in the code each.
         with T.serial(N) as m:
-            at.store(pre, m, pre_mix(z(m, 0), pre_eps, spec.flush_division, sh.in_simd))
+            at.store(pre, m, pre_mix(sigmoid(z(m, 0), spec.flush_division, sh.in_simd), pre_eps))
         with T.serial(N) as m:
-            at.store(post, m, post_mix(z(N + m, 1), post_mult, spec.flush_division, sh.in_simd))
+            at.store(post, m, post_mix(sigmoid(z(N + m, 1), spec.flush_division, sh.in_simd), post_mult))
         projected = sinkhorn([z(2 * N + e, 2) for e in range(ENTRIES)], repeat, sinkhorn_eps, spec.flavor)
         for e, v in enumerate(projected):
             at.store(comb, e, v)

@@ -7,8 +7,9 @@ Every worker reads the 3 gains once as scalars and the 24 biases once into an on
 entry's bias reaches the lanes by a register gather). Per tile:
 
 **Forward.** DMA the ``(64, 24)`` mixes in; per entry ``i`` (gain ``c = min(2, i div 4)``)
-``z = fl(fl(x · scale[c]) + base[i])``; ``pre = σ(z) + pre_eps``, ``post = σ(z) · post_mult``,
-``comb = z`` (``σ``: ``vmi_mhc.tl.sigmoid``); DMA the three outputs out (tails clamped).
+``z = fl(fl(x · scale[c]) + base[i])``; the pre and post entries' ``exp(-z)`` over a ``(64, 8)`` tile
+(``Shell.exp``); ``pre = σ(z) + pre_eps``, ``post = σ(z) · post_mult``, ``comb = z`` (``σ``:
+``vmi_mhc.tl.sigmoid``); DMA the three outputs out (tails clamped).
 
 **Backward.** DMA the three output gradients, the mixes and the saved post mix in; per entry the
 logit gradient ``gz`` (``σ`` recomputed for pre, the saved post mix for post, the comb gradient as
@@ -43,7 +44,7 @@ from vmi_core.tl.vector import store
 
 from ..inputs import MHC_MULT, mix_width
 from ..tl.lanes import BiasTable, zero
-from ..tl.sigmoid import sigmoid
+from ..tl.sigmoid import sigmoid, sigmoid_of_exp
 from ..tl.split_mixes import logit, post_mix, pre_mix
 
 N = MHC_MULT
@@ -104,18 +105,35 @@ def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
     BT = TOKEN_BLOCK
     M = TK.dynamic("M")
 
-    def split_token(x, biases, pre, post, comb, gains, post_mult, pre_eps, at):
+    def negated_logits(x, biases, gains, neg_z, at):
+        """``-z`` of the pre and post entries (the arguments of their sigmoids' exps)."""
         entries = _Entries(at, x, biases, gains)
         with T.serial(N) as m:
-            at.store(pre, m, pre_mix(entries.logit(m, 0), pre_eps, spec.flush_division, sh.in_simd))
+            at.store(neg_z, m, -entries.logit(m, 0))
         with T.serial(N) as m:
-            at.store(post, m, post_mix(entries.logit(N + m, 1), post_mult, spec.flush_division, sh.in_simd))
+            at.store(neg_z, N + m, -entries.logit(N + m, 1))
+
+    def split_token(x, biases, exp_neg_z, pre, post, comb, gains, post_mult, pre_eps, at):
+        entries = _Entries(at, x, biases, gains)
+
+        def sigma(m):
+            return sigmoid_of_exp(at.load(exp_neg_z, m), spec.flush_division, sh.in_simd)
+
+        with T.serial(N) as m:
+            at.store(pre, m, pre_mix(sigma(m), pre_eps))
+        with T.serial(N) as m:
+            at.store(post, m, post_mix(sigma(N + m), post_mult))
         with T.serial(N * N) as q:
             at.store(comb, q, entries.logit(2 * N + q, 2))
 
     @T.macro
-    def split(x, biases, pre, post, comb, gains, post_mult, pre_eps):
-        sh.rowwise(BT, lambda at: split_token(x, biases, pre, post, comb, gains, post_mult, pre_eps, at))
+    def split(x, biases, neg_z, exp_neg_z, pre, post, comb, gains, post_mult, pre_eps):
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: negated_logits(x, biases, gains, neg_z, at))
+        sh.exp((BT, 2 * N), neg_z, exp_neg_z)
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: split_token(x, biases, exp_neg_z, pre, post, comb, gains, post_mult, pre_eps,
+                                                  at))
 
     @TK.prim_func
     def pre_split_mixes_fwd_kernel(
@@ -134,10 +152,11 @@ def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
                 pre = sh.tile((BT, N), "float32")
                 post = sh.tile((BT, N), "float32")
                 comb = sh.tile((BT, N * N), "float32")
+                neg_z = sh.tile((BT, 2 * N), "float32")
+                exp_neg_z = sh.tile((BT, 2 * N), "float32")
                 sh.buffer_versions({x: 2, pre: 2, post: 2, comb: 2})
                 sh.copy(X[token0, 0], x)
-                with sh.vector(SIMD):
-                    split(x, biases, pre, post, comb, gains, post_mult, pre_eps)
+                split(x, biases, neg_z, exp_neg_z, pre, post, comb, gains, post_mult, pre_eps)
                 sh.copy(pre, PRE[token0, 0])
                 sh.copy(post, POST[token0, 0])
                 sh.copy(comb, COMB[token0, 0])

@@ -27,4 +27,10 @@ def sigmoid(z, flush_division: bool, in_simd: bool):
     ``flush_division``: the ``ascend`` flavor's division, modelled outside SIMD regions (``in_simd``
     False) and the vector division itself inside them.
     """
-    return flavor_quotient(1.0, keep(exp(-z) + 1.0), flush_division, in_simd)
+    return sigmoid_of_exp(exp(-z), flush_division, in_simd)
+
+
+def sigmoid_of_exp(exp_neg_z, flush_division: bool, in_simd: bool):
+    """``σ(z)`` given ``exp(-z)``, as a kernel that takes its exps a tile at a time has it
+    (``Shell.exp``)."""
+    return flavor_quotient(1.0, keep(exp_neg_z + 1.0), flush_division, in_simd)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from vmi_core.tl.simd import keep
 
-from .sigmoid import sigmoid
-
 
 def logit(x, gain, bias):
     """``fl(fl(x · gain) + bias)``: two roundings, the product kept in its own variable or register
@@ -18,11 +16,11 @@ def logit(x, gain, bias):
     return keep(keep(x * gain) + bias)
 
 
-def pre_mix(z, pre_eps, flush_division: bool, in_simd: bool):
-    """``fl(σ(z) + pre_eps)`` (``pre_eps`` an fp32 value)."""
-    return sigmoid(z, flush_division, in_simd) + pre_eps
+def pre_mix(s, pre_eps):
+    """``fl(σ + pre_eps)`` of a sigmoid value ``s = σ(z)`` (``pre_eps`` an fp32 value)."""
+    return s + pre_eps
 
 
-def post_mix(z, post_mult, flush_division: bool, in_simd: bool):
-    """``fl(σ(z) · post_mult)`` (``post_mult`` an fp32 value)."""
-    return sigmoid(z, flush_division, in_simd) * post_mult
+def post_mix(s, post_mult):
+    """``fl(σ · post_mult)`` of a sigmoid value ``s = σ(z)`` (``post_mult`` an fp32 value)."""
+    return s * post_mult
