@@ -8,7 +8,8 @@ register gather). The arithmetic is ``pre_split_mixes``' pre chain (``vmi_mhc.tl
 ``vmi_mhc.tl.sigmoid``), so the head's mix has the bits of the split's pre mix.
 
 **Forward.** Persistent over token tiles: DMA the ``(64, n)`` input in; per stream ``j``
-``out = fl(σ(fl(fl(x · scale) + base[j])) + pre_eps)``; DMA the output out (tails clamped).
+``out = fl(σ(fl(fl(x · scale) + base[j])) + pre_eps)``, the sigmoids' exps over an ``(n, 64)`` tile
+(``Shell.exp``); DMA the output out (tails clamped).
 
 **Backward.** Persistent over the ``P`` partial rows: row ``p`` owns the ``K`` consecutive token
 tiles ``[p·K, (p+1)·K)`` (``K = max(1, ceil(tiles / P))``, a runtime value) and walks them in
@@ -38,8 +39,8 @@ from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
 from vmi_core.tl.vector import load, store
 
-from ..tl.lanes import BiasTable, zero
-from ..tl.sigmoid import sigmoid
+from ..tl.lanes import BiasTable, load_token_lanes, store_token_lanes, zero
+from ..tl.sigmoid import sigmoid, sigmoid_of_exp
 from ..tl.split_mixes import logit, pre_mix
 
 # Tokens per tile: one register of token lanes (also the lane sums' width).
@@ -86,14 +87,24 @@ def build_head_compute_mix_fwd(spec: HeadComputeMixSpec, target: str):
     BT, N = TOKEN_BLOCK, spec.n
     M = TK.dynamic("M")
 
-    def mix_token(x, biases, out, gain, pre_eps, at):
+    def negated_logits(x, biases, gain, neg_z, at):
         streams = _Streams(at, x, biases, gain)
         with T.serial(N) as j:
-            at.store(out, j, pre_mix(sigmoid(streams.logit(j), spec.flush_division, sh.in_simd), pre_eps))
+            store_token_lanes(neg_z, j, at, -streams.logit(j))
+
+    def mix_token(exp_neg_z, out, pre_eps, at):
+        with T.serial(N) as j:
+            s = sigmoid_of_exp(load_token_lanes(exp_neg_z, j, at), spec.flush_division, sh.in_simd)
+            at.store(out, j, pre_mix(s, pre_eps))
 
     @T.macro
-    def mix(x, biases, out, gain, pre_eps):
-        sh.rowwise(BT, lambda at: mix_token(x, biases, out, gain, pre_eps, at))
+    def mix(x, biases, neg_z, exp_neg_z, out, gain, pre_eps):
+        # The exps a (streams, tokens) tile at a time: one token per column, whole registers for any n.
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: negated_logits(x, biases, gain, neg_z, at))
+        sh.exp((N, BT), neg_z, exp_neg_z)
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: mix_token(exp_neg_z, out, pre_eps, at))
 
     @TK.prim_func
     def head_compute_mix_fwd_kernel(
@@ -109,10 +120,11 @@ def build_head_compute_mix_fwd(spec: HeadComputeMixSpec, target: str):
                 token0 = tile * BT
                 x = sh.tile((BT, N), "float32")
                 out = sh.tile((BT, N), "float32")
+                neg_z = sh.tile((N, BT), "float32")
+                exp_neg_z = sh.tile((N, BT), "float32")
                 sh.buffer_versions({x: 2, out: 2})
                 sh.copy(X[token0, 0], x)
-                with sh.vector(SIMD):
-                    mix(x, biases, out, gain, pre_eps)
+                mix(x, biases, neg_z, exp_neg_z, out, gain, pre_eps)
                 sh.copy(out, OUT[token0, 0])
 
     return head_compute_mix_fwd_kernel

@@ -40,10 +40,9 @@ from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import flavor_quotient
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
-from vmi_core.tl.vector import store
 
 from ..inputs import MHC_MULT, mix_width
-from ..tl.lanes import BiasTable, zero
+from ..tl.lanes import BiasTable, store_token_lanes, zero
 from ..tl.sigmoid import sigmoid, sigmoid_of_exp
 from ..tl.split_mixes import logit, post_mix, pre_mix
 
@@ -164,15 +163,6 @@ def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
     return pre_split_mixes_fwd_kernel
 
 
-def _store_token_lanes(tile, row, at, value):
-    """``tile[row, token]`` for the token(s) at ``at``: a term tile holds one token per column, so
-    the vector form stores the register of token lanes whole."""
-    if at.vector:
-        T.evaluate(store(tile[row, at.row0], value))
-    else:
-        T.buffer_store(tile, value, [row, at.i])
-
-
 @kernel(simd_parallel=False)
 def build_pre_split_mixes_bwd(spec: PreSplitMixesSpec, target: str):
     """The backward tile kernel's TileLang prim_func of ``spec`` for ``target``."""
@@ -213,9 +203,9 @@ def build_pre_split_mixes_bwd(spec: PreSplitMixesSpec, target: str):
                 # exactly zero to the partial sums.
                 gz = keep(select(valid, grad(tiles, entries, k, post_divisor, at), T.float32(0)))
                 at.store(dx, first + k, gz * gains[c])
-                _store_token_lanes(terms, first + k, at, gz)
+                store_token_lanes(terms, first + k, at, gz)
                 group_sum.set(group_sum.get() + select(valid, gz * at.load(x, first + k), T.float32(0)))
-            _store_token_lanes(terms, N3 + c, at, group_sum.get())
+            store_token_lanes(terms, N3 + c, at, group_sum.get())
 
     @T.macro
     def backward_tile(tiles, biases, dx, terms, partial, gains, post_divisor, num_valid):

@@ -7,7 +7,21 @@ from __future__ import annotations
 import tilelang.language as T
 
 from vmi_core.tl.simd import Vec, bitcast, keep
-from vmi_core.tl.vector import gather, load
+from vmi_core.tl.vector import gather, load, store
+
+
+def load_token_lanes(tile, row, at):
+    """``tile[row, token]`` for the token(s) at ``at``, of a tile that holds one token per column
+    (the vector form loads the register of token lanes whole)."""
+    return load(tile[row, at.row0]) if at.vector else tile[row, at.i]
+
+
+def store_token_lanes(tile, row, at, value):
+    """``tile[row, token] = value`` for the token(s) at ``at`` (one token per column)."""
+    if at.vector:
+        T.evaluate(store(tile[row, at.row0], value))
+    else:
+        T.buffer_store(tile, value, [row, at.i])
 
 
 def zero(at):
