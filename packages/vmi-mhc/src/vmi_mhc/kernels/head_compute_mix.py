@@ -12,11 +12,12 @@ register gather). The arithmetic is ``pre_split_mixes``' pre chain (``vmi_mhc.tl
 (``Shell.exp``); DMA the output out (tails clamped).
 
 **Backward.** Persistent over the ``P`` partial rows: row ``p`` owns the ``K`` consecutive token
-tiles ``[p·K, (p+1)·K)`` (``K = max(1, ceil(tiles / P))``, a runtime value) and walks them in
-order. Per tile: DMA the input and the output gradient in; per stream ``gz = fl(fl(d · s) · fl(1 - s))``
-with ``s`` recomputed, zero in the lanes past the last token; ``input_mix_grad = fl(gz · scale)``
-(DMA out); ``gz`` is added into row ``j`` of a ``(n + 1, 64)`` per-lane accumulator (lane = token
-within the tile) and each token's ``Σ_j fl(gz · x)`` (streams in increasing order) into row ``n``.
+tiles ``[p·K, (p+1)·K)`` (``K = max(1, ceil(tiles / P))``, a runtime value) and walks them in order.
+Per tile: DMA the input and the output gradient in; per stream ``gz = fl(fl(d · s) · fl(1 - s))``
+with ``s`` recomputed (its exps over an ``(n, 64)`` tile, as in the forward), zero in the lanes past
+the last token; ``input_mix_grad = fl(gz · scale)`` (DMA out); ``gz`` is added into row ``j`` of a
+``(n + 1, 64)`` per-lane accumulator (lane = token within the tile) and each token's ``Σ_j fl(gz ·
+x)`` (streams in increasing order) into row ``n``.
 After the row's last tile, ``Shell.row_sum`` folds each accumulator row in vmi's lane order, which
 makes the row's sums ``vmi_core.sums.lane_sum`` of its tokens' terms, and the ``n + 1`` sums are
 written to row ``p`` of the two partial buffers (a row without tokens skips the fold and writes
@@ -40,7 +41,7 @@ from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
 from vmi_core.tl.vector import load, store
 
 from ..tl.lanes import BiasTable, load_token_lanes, store_token_lanes, zero
-from ..tl.sigmoid import sigmoid, sigmoid_of_exp
+from ..tl.sigmoid import sigmoid_of_exp
 from ..tl.split_mixes import logit, pre_mix
 
 # Tokens per tile: one register of token lanes (also the lane sums' width).
@@ -79,6 +80,21 @@ class _Streams:
         return logit(self.at.load(self.x, j), self.gain, self.bias[j])
 
 
+def _store_negated_logits(x, biases, gain, n: int, neg_z, at):
+    """``-z`` of the ``n`` streams of the token(s) at ``at``, into an ``(n, 64)`` tile (one token per
+    column, so the exps run in whole registers for any ``n``)."""
+    streams = _Streams(at, x, biases, gain)
+    with T.serial(n) as j:
+        store_token_lanes(neg_z, j, at, -streams.logit(j))
+
+
+def _sigmoid_exps(sh: Shell, x, biases, gain, n: int, neg_z, exp_neg_z):
+    """``exp(-z)`` of a token tile's streams, a tile at a time (``Shell.exp``), for the sigmoids."""
+    with sh.vector(SIMD):
+        sh.rowwise(TOKEN_BLOCK, lambda at: _store_negated_logits(x, biases, gain, n, neg_z, at))
+    sh.exp((n, TOKEN_BLOCK), neg_z, exp_neg_z)
+
+
 @kernel(simd_parallel=False)
 def build_head_compute_mix_fwd(spec: HeadComputeMixSpec, target: str):
     """The forward kernel's TileLang prim_func of ``spec`` for ``target``."""
@@ -87,11 +103,6 @@ def build_head_compute_mix_fwd(spec: HeadComputeMixSpec, target: str):
     BT, N = TOKEN_BLOCK, spec.n
     M = TK.dynamic("M")
 
-    def negated_logits(x, biases, gain, neg_z, at):
-        streams = _Streams(at, x, biases, gain)
-        with T.serial(N) as j:
-            store_token_lanes(neg_z, j, at, -streams.logit(j))
-
     def mix_token(exp_neg_z, out, pre_eps, at):
         with T.serial(N) as j:
             s = sigmoid_of_exp(load_token_lanes(exp_neg_z, j, at), spec.flush_division, sh.in_simd)
@@ -99,10 +110,7 @@ def build_head_compute_mix_fwd(spec: HeadComputeMixSpec, target: str):
 
     @T.macro
     def mix(x, biases, neg_z, exp_neg_z, out, gain, pre_eps):
-        # The exps a (streams, tokens) tile at a time: one token per column, whole registers for any n.
-        with sh.vector(SIMD):
-            sh.rowwise(BT, lambda at: negated_logits(x, biases, gain, neg_z, at))
-        sh.exp((N, BT), neg_z, exp_neg_z)
+        _sigmoid_exps(sh, x, biases, gain, N, neg_z, exp_neg_z)
         with sh.vector(SIMD):
             sh.rowwise(BT, lambda at: mix_token(exp_neg_z, out, pre_eps, at))
 
@@ -153,13 +161,12 @@ def build_head_compute_mix_bwd(spec: HeadComputeMixSpec, target: str):
             return keep(Vec.lane_index(0) < num_valid)
         return at.i < num_valid
 
-    def backward_token(x, d_out, biases, dx, acc, gain, num_valid, at):
-        streams = _Streams(at, x, biases, gain)
+    def backward_token(x, d_out, exp_neg_z, dx, acc, gain, num_valid, at):
         valid = valid_token(at, num_valid)
         # The token's Σ_j fl(gz · x), from +0.0 in increasing j.
         token_sum = LaneVar(at.vector, "float32", 0.0)
         with T.serial(N) as j:
-            s = keep(sigmoid(streams.logit(j), spec.flush_division, sh.in_simd))
+            s = keep(sigmoid_of_exp(load_token_lanes(exp_neg_z, j, at), spec.flush_division, sh.in_simd))
             # Lanes past the last token hold zeros (cpu) or stale data (Ascend DMA): they add
             # exactly zero to the accumulators.
             gz = keep(select(valid, keep(keep(at.load(d_out, j) * s) * keep(1.0 - s)), T.float32(0)))
@@ -169,8 +176,10 @@ def build_head_compute_mix_bwd(spec: HeadComputeMixSpec, target: str):
         _accumulate_token_lanes(acc, N, at, token_sum.get())
 
     @T.macro
-    def backward_tile(x, d_out, biases, dx, acc, gain, num_valid):
-        sh.rowwise(BT, lambda at: backward_token(x, d_out, biases, dx, acc, gain, num_valid, at))
+    def backward_tile(x, d_out, biases, neg_z, exp_neg_z, dx, acc, gain, num_valid):
+        _sigmoid_exps(sh, x, biases, gain, N, neg_z, exp_neg_z)
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: backward_token(x, d_out, exp_neg_z, dx, acc, gain, num_valid, at))
 
     @TK.prim_func
     def head_compute_mix_bwd_kernel(
@@ -201,10 +210,11 @@ def build_head_compute_mix_bwd(spec: HeadComputeMixSpec, target: str):
                     x = sh.tile((BT, N), "float32")
                     d_out = sh.tile((BT, N), "float32")
                     dx = sh.tile((BT, N), "float32")
+                    neg_z = sh.tile((N, BT), "float32")
+                    exp_neg_z = sh.tile((N, BT), "float32")
                     sh.copy(X[token0, 0], x)
                     sh.copy(DOUT[token0, 0], d_out)
-                    with sh.vector(SIMD):
-                        backward_tile(x, d_out, biases, dx, acc, gain, num_valid)
+                    backward_tile(x, d_out, biases, neg_z, exp_neg_z, dx, acc, gain, num_valid)
                     sh.copy(dx, DX[token0, 0])
                 # A row without tiles writes its zeroed sums: no fold, so on CUDA no shared tile of a
                 # previous row's fold is rewritten on a path without a tile's barriers.
