@@ -16,8 +16,8 @@ tiles ``[p·K, (p+1)·K)`` (``K = max(1, ceil(tiles / P))``, a runtime value) an
 Per tile: DMA the input and the output gradient in; per stream ``gz = fl(fl(d · s) · fl(1 - s))``
 with ``s`` recomputed (its exps over an ``(n, 64)`` tile, as in the forward), zero in the lanes past
 the last token; ``input_mix_grad = fl(gz · scale)`` (DMA out); ``gz`` is added into row ``j`` of a
-``(n + 1, 64)`` per-lane accumulator (lane = token within the tile) and each token's ``Σ_j fl(gz ·
-x)`` (streams in increasing order) into row ``n``.
+``(n + 1, 64)`` per-lane accumulator (lane = token within the tile) and each token's
+``Σ_j fl(gz · x)`` (streams in increasing order) into row ``n``.
 After the row's last tile, ``Shell.row_sum`` folds each accumulator row in vmi's lane order, which
 makes the row's sums ``vmi_core.sums.lane_sum`` of its tokens' terms, and the ``n + 1`` sums are
 written to row ``p`` of the two partial buffers (a row without tokens skips the fold and writes
