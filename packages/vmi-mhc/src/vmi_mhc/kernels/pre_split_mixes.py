@@ -12,8 +12,9 @@ entry's bias reaches the lanes by a register gather). Per tile:
 ``vmi_mhc.tl.sigmoid``); DMA the three outputs out (tails clamped).
 
 **Backward.** DMA the three output gradients, the mixes and the saved post mix in; per entry the
-logit gradient ``gz`` (``σ`` recomputed for pre, the saved post mix for post, the comb gradient as
-is), zero in the lanes past the last token; ``input_mixes_grad = fl(gz · scale[c])`` (DMA out);
+logit gradient ``gz`` (``σ`` recomputed for pre, its exps over a ``(64, 4)`` tile; the saved post
+mix for post; the comb gradient as is), zero in the lanes past the last token;
+``input_mixes_grad = fl(gz · scale[c])`` (DMA out);
 ``gz`` goes to row ``i`` of a ``(27, 64)`` term tile (one token per column), and each token's
 ``Σ_{i in c} fl(gz · x)`` (entries in increasing order) to row ``24 + c``. ``Shell.row_sum``
 folds each term row over the tile's tokens in vmi's fixed lane order, and the 27 sums (then
@@ -43,7 +44,7 @@ from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
 
 from ..inputs import MHC_MULT, mix_width
 from ..tl.lanes import BiasTable, store_token_lanes, zero
-from ..tl.sigmoid import sigmoid, sigmoid_of_exp
+from ..tl.sigmoid import sigmoid_of_exp
 from ..tl.split_mixes import logit, post_mix, pre_mix
 
 N = MHC_MULT
@@ -96,6 +97,22 @@ class _Entries:
         return logit(self.at.load(self.x, i), self.gains[c], self.bias[i])
 
 
+def _store_negated_logits(x, biases, gains, groups: int, neg_z, at):
+    """``-z`` of the token(s) at ``at`` for the first ``groups`` gains' entries (the pre entries, then
+    the post ones: the sigmoids' exp arguments), into the columns of ``neg_z``."""
+    entries = _Entries(at, x, biases, gains)
+    for c in range(groups):
+        with T.serial(N) as m:
+            at.store(neg_z, c * N + m, -entries.logit(c * N + m, c))
+
+
+def _sigmoid_exps(sh: Shell, x, biases, gains, groups: int, neg_z, exp_neg_z):
+    """``exp(-z)`` of a token tile's sigmoid entries, a ``(64, groups · n)`` tile at a time (``Shell.exp``)."""
+    with sh.vector(SIMD):
+        sh.rowwise(TOKEN_BLOCK, lambda at: _store_negated_logits(x, biases, gains, groups, neg_z, at))
+    sh.exp((TOKEN_BLOCK, groups * N), neg_z, exp_neg_z)
+
+
 @kernel(simd_parallel=False)
 def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
     """The forward kernel's TileLang prim_func of ``spec`` for ``target``."""
@@ -103,14 +120,6 @@ def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
     TK = sh.T
     BT = TOKEN_BLOCK
     M = TK.dynamic("M")
-
-    def negated_logits(x, biases, gains, neg_z, at):
-        """``-z`` of the pre and post entries (the arguments of their sigmoids' exps)."""
-        entries = _Entries(at, x, biases, gains)
-        with T.serial(N) as m:
-            at.store(neg_z, m, -entries.logit(m, 0))
-        with T.serial(N) as m:
-            at.store(neg_z, N + m, -entries.logit(N + m, 1))
 
     def split_token(x, biases, exp_neg_z, pre, post, comb, gains, post_mult, pre_eps, at):
         entries = _Entries(at, x, biases, gains)
@@ -127,9 +136,7 @@ def build_pre_split_mixes_fwd(spec: PreSplitMixesSpec, target: str):
 
     @T.macro
     def split(x, biases, neg_z, exp_neg_z, pre, post, comb, gains, post_mult, pre_eps):
-        with sh.vector(SIMD):
-            sh.rowwise(BT, lambda at: negated_logits(x, biases, gains, neg_z, at))
-        sh.exp((BT, 2 * N), neg_z, exp_neg_z)
+        _sigmoid_exps(sh, x, biases, gains, 2, neg_z, exp_neg_z)
         with sh.vector(SIMD):
             sh.rowwise(BT, lambda at: split_token(x, biases, exp_neg_z, pre, post, comb, gains, post_mult, pre_eps,
                                                   at))
@@ -181,7 +188,7 @@ def build_pre_split_mixes_bwd(spec: PreSplitMixesSpec, target: str):
         return flavor_quotient(p, post_divisor, spec.flush_division, sh.in_simd)
 
     def pre_grad(tiles, entries, m, post_divisor, at):
-        s = keep(sigmoid(entries.logit(m, 0), spec.flush_division, sh.in_simd))
+        s = keep(sigmoid_of_exp(at.load(tiles["exp_neg_z"], m), spec.flush_division, sh.in_simd))
         return keep(keep(at.load(tiles["d_pre"], m) * s) * keep(1.0 - s))
 
     def post_grad(tiles, entries, m, post_divisor, at):
@@ -240,15 +247,18 @@ def build_pre_split_mixes_bwd(spec: PreSplitMixesSpec, target: str):
                 d_comb = sh.tile((BT, N * N), "float32")
                 post = sh.tile((BT, N), "float32")
                 dx = sh.tile((BT, N3), "float32")
+                neg_z = sh.tile((BT, N), "float32")
+                exp_neg_z = sh.tile((BT, N), "float32")
                 sh.buffer_versions({x: 2, d_pre: 2, d_post: 2, d_comb: 2, post: 2, dx: 2})
                 sh.copy(X[token0, 0], x)
                 sh.copy(DPRE[token0, 0], d_pre)
                 sh.copy(DPOST[token0, 0], d_post)
                 sh.copy(DCOMB[token0, 0], d_comb)
                 sh.copy(POST[token0, 0], post)
+                _sigmoid_exps(sh, x, biases, gains, 1, neg_z, exp_neg_z)
                 with sh.vector(SIMD):
-                    backward_tile({"x": x, "d_pre": d_pre, "d_post": d_post, "d_comb": d_comb, "post": post},
-                                  biases, dx, terms, partial, gains, post_divisor, num_valid)
+                    backward_tile({"x": x, "d_pre": d_pre, "d_post": d_post, "d_comb": d_comb, "post": post,
+                                   "exp_neg_z": exp_neg_z}, biases, dx, terms, partial, gains, post_divisor, num_valid)
                 sh.copy(dx, DX[token0, 0])
                 sh.copy(partial, WS[tile, 0])
 
