@@ -30,7 +30,8 @@ def check_forward(spec):
     src = build_head_compute_mix_fwd.source(spec, "ascend")
     assert "__global__ __vector__ void head_compute_mix_fwd_kernel" in src
     assert "block_idx" in src
-    regions = assert_vector_regions(src, simd=1, simt=0)
+    # The sigmoids' arguments, their exps (Shell.exp), the mix.
+    regions = assert_vector_regions(src, simd=3, simt=0)
     assert all(region.scalar_accesses == 0 for region in regions)
     # In: the biases, the input. Out: the mix.
     assert dma_counts(src) == (2, 1)
@@ -42,7 +43,8 @@ def check_backward(spec):
     src = build_head_compute_mix_bwd.source(spec, "ascend")
     assert "__global__ __vector__ void head_compute_mix_bwd_kernel" in src
     assert "block_idx" in src
-    regions = assert_vector_regions(src, simd=3, simt=1)
+    # Zeroing; per tile the sigmoids' arguments, their exps, the backward; the fold.
+    regions = assert_vector_regions(src, simd=5, simt=1)
     assert all(region.scalar_accesses == 0 for region in regions if region.kind == "simd")
     assert barriers_in_thread_guards(src) == 0
     # In: the biases, the input, the output gradient. Out: the input gradient.

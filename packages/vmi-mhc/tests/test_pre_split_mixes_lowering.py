@@ -35,7 +35,8 @@ def test_ascend_forward_kernel():
     src = build_pre_split_mixes_fwd.source(ASCEND, "ascend")
     assert "__global__ __vector__ void pre_split_mixes_fwd_kernel" in src
     assert "block_idx" in src
-    assert_vector_regions(src, simd=1, simt=0)
+    # The sigmoids' arguments, their exps (Shell.exp), the split.
+    assert_vector_regions(src, simd=3, simt=0)
     # In: the biases, the mixes. Out: pre, post, comb.
     assert dma_counts(src) == (2, 3)
     # The sigmoid's exp and division are vector instructions.
@@ -46,7 +47,8 @@ def test_ascend_backward_kernels():
     src = build_pre_split_mixes_bwd.source(ASCEND, "ascend")
     assert "__global__ __vector__ void pre_split_mixes_bwd_kernel" in src
     assert "block_idx" in src
-    assert_vector_regions(src, simd=2, simt=0)
+    # Zeroing the partial row; per tile the sigmoids' arguments, their exps, the backward.
+    assert_vector_regions(src, simd=4, simt=0)
     # In: the biases, the mixes, three gradients, the post mix. Out: the mix gradient, the partial row.
     assert dma_counts(src) == (6, 2)
     assert "vexp" in src and "vdiv" in src

@@ -35,8 +35,9 @@ def _check_ascend(case):
     spec = _spec(*case)
     src = build_swiglu_forward.source(spec, "ascend")
     quantized = spec.fmt == "e4m3"
-    # In: the gate and up slices. Out: the output slice (the SF goes out from SIMT).
-    regions = assert_ascend_kernel(src, "swiglu_forward_kernel", simd=1,
+    # In: the gate and up slices. Out: the output slice (the SF goes out from SIMT). SIMD: the negated
+    # gate, its exps (Shell.exp), the activation.
+    regions = assert_ascend_kernel(src, "swiglu_forward_kernel", simd=3,
                                    simt=int(quantized) + int(spec.count_clamped), dma=(2, 1), block_idx=False)
     assert regions
     assert "simd_inst::vexp" in src and "simd_inst::vdiv" in src
