@@ -13,40 +13,18 @@ the first case's kernels.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
 from vmi_core.tools.testing import assert_bitwise_equal, randn, sim_schedule
+from vmi_devkit.cases.norm_backward_cases import COVERING, DTYPES, EPS, FULL, case_id
 from vmi_devkit.errors import forbid_kernels
 from vmi_quant import reference
 from vmi_quant.ops.norm_backward import norm_backward, norm_backward_parallel
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-EPS = 1e-6
 TOKENS = (0, 1, 37, 101)
 
 
-def case_id(case) -> str:
-    dtype, hidden, weight_grad, residual, out_scale, flavor = case
-    return f"{dtype}-H{hidden}-wg_{weight_grad}-{'rog' if residual else 'norog'}-s{out_scale}-{flavor}"
-
-
-# (x dtype, H, weight_grad, residual_out_grad, out_scale, flavor). H 96: a register tail of 32
-# masked columns. Few specialisations by default (each is a compile); the rest under slow.
-COVERING = [
-    ("bf16", 96, "bf16", True, 0.3, "ascend"),
-    ("fp32", 256, "fp32", False, 1.0, "cuda"),
-    ("bf16", 96, None, False, 1.0, "cuda"),
-]
-# Every combination of dtype, hidden size, weight gradient and residual gradient; out_scale and the
-# flavor cycle through theirs (each with every other option across the list).
-FULL = [
-    (dtype, hidden, weight_grad, residual, (1.0, 0.3)[(k + k // 4) % 2], ("ascend", "cuda")[(k // 2 + k // 8) % 2])
-    for k, (dtype, hidden, weight_grad, residual) in enumerate(itertools.product(
-        DTYPES, (96, 2048), (None, "new", "bf16", "fp32"), (False, True)))
-]
 SIM_COVERING = [COVERING[0]]
 SIM_FULL = [c for c in FULL if c[5] == "ascend" and c not in SIM_COVERING]
 

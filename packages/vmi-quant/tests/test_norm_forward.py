@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
+from vmi_devkit.cases.norm_forward_cases import CAST_CASES, EPS, NORM_CASES
 from vmi_devkit.errors import forbid_kernels
 from vmi_quant import reference
 from vmi_quant.ops.norm_forward import (
@@ -29,21 +30,6 @@ from vmi_quant.ops.norm_forward import (
 from vmi_quant.reference.norm import mega_moe_rows, mega_moe_window
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-EPS = 1e-6
-
-# (dtype, hidden, weight, residual, out_scale, flavor)
-NORM_CASES = [
-    ("bf16", 256, True, True, 0.3, "ascend"),
-    ("fp32", 200, True, True, 0.3, "cuda"),       # H not a multiple of 64: masked tail columns
-    ("bf16", 7168, False, False, 1.0, "cuda"),    # two rows a tile
-]
-# (dtype, hidden, weight, residual, out_scale, flavor, col_major, round_sf, packed, with_out_bf16, mega_block_m)
-CAST_CASES = [
-    ("bf16", 256, True, True, 0.3, "ascend", True, True, True, True, 0),
-    ("fp32", 96, False, True, 1.0, "cuda", False, True, True, True, 0),       # 3 groups: a packed pad byte
-    ("bf16", 512, False, False, 1.0, "cuda", True, True, False, False, 192),  # Mega MoE SF, fp32 pow2 SF
-    ("fp32", 640, True, False, 2.0, "ascend", False, False, False, False, 0),
-]
 # Under ``slow``: the largest hidden size with every output.
 LARGE_CAST_CASE = ("fp32", 7168, True, True, 0.3, "cuda", True, True, True, True, 0)
 

@@ -24,7 +24,16 @@ from hypothesis import strategies as st
 
 from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.cases import cast_cases, pbc_cases, pbcl_cases, ptc_cases, ptccb_cases
-from vmi_devkit.strategies import Guarded, float_matrix, load_profile, slow_settings, with_row_padding
+from vmi_devkit.strategies import (
+    Guarded,
+    float_matrix,
+    guarded_like,
+    hidden_sizes,
+    load_profile,
+    plain_input,
+    slow_settings,
+    token_counts,
+)
 from vmi_quant import (
     cast,
     cast_back,
@@ -48,35 +57,6 @@ pytestmark = [pytest.mark.properties]
 
 
 load_profile()
-
-# --- shapes -----------------------------------------------------------------------------------------------------
-
-TOKEN_EDGES = [0, 1, 2, 31, 32, 33, 63, 64, 65, 97]
-
-
-def token_counts(limit: int = 140) -> st.SearchStrategy[int]:
-    """0 and 1 token, both sides of 32-token work tiles, anything up to ``limit``."""
-    return st.one_of(st.sampled_from(TOKEN_EDGES), st.integers(0, limit))
-
-
-def hidden_sizes(unit: int = 64, most: int = 448) -> st.SearchStrategy[int]:
-    """Multiples of ``unit`` up to ``most`` (partial 128-column tiles when ``unit`` is 64)."""
-    return st.integers(1, most // unit).map(lambda n: n * unit)
-
-
-def plain_input(data, rows, cols, dtype, group):
-    nonfinite = data.draw(st.booleans(), label="nonfinite")
-    x = float_matrix(data, rows, cols, dtype, nonfinite=nonfinite, group=group)
-    return with_row_padding(data, x)
-
-
-def guarded_like(data, t, *, zero=False, label="out"):
-    """None (let the op allocate) or a sentinel-guarded tensor laid out like ``t`` (maybe with padded rows)."""
-    if not data.draw(st.booleans(), label=f"preallocated {label}"):
-        return None
-    pad = data.draw(st.sampled_from([0, 3, 16]), label=f"{label} row padding")
-    return Guarded.like(t, pad=pad, zero=zero)
-
 
 # --- per_token_cast and its sf-only / precomputed-SF forms --------------------------------------------------------
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
+from vmi_devkit.cases.swiglu_backward_cases import COVERING, DTYPES, FULL, SF_OPTIONS, case_id
 from vmi_devkit.errors import forbid_kernels
 from vmi_quant import reference
 from vmi_quant.config import reset_runtime_config, set_token_alignment
@@ -30,33 +31,6 @@ from vmi_quant.ops.swiglu_backward import (
 )
 from vmi_quant.reference import swiglu_backward as reference_backward
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-SF_OPTIONS = {
-    "fp32": dict(),
-    "fp32-col": dict(use_tma_aligned_col_major_sf=True),
-    "pow2": dict(round_sf=True),
-    "pow2-col": dict(round_sf=True, use_tma_aligned_col_major_sf=True),
-    "packed": dict(round_sf=True, use_packed_ue8m0=True),
-    "packed-col": dict(round_sf=True, use_packed_ue8m0=True, use_tma_aligned_col_major_sf=True),
-}
-# (x format, grad format, npc, SF layout, flavor, weights, rsf, clamp, do_recompute, psum, H).
-# Plain: x and the gradient share their dtype; fmt = that dtype.
-COVERING = [
-    ("bf16", "bf16", None, None, "ascend", True, 2.5, 0.5, True, True, 128),
-    ("fp32", "fp32", None, None, "ascend", False, None, None, False, False, 64),
-    ("fp32", "fp32", None, None, "cuda", False, None, None, False, False, 64),
-    ("e4m3", "bf16", 32, "packed-col", "ascend", True, 2.5, 0.5, True, True, 256),
-    ("e4m3", "fp32", 128, "fp32-col", "cuda", True, None, None, True, False, 384),
-]
-FULL = [
-    ("bf16", "bf16", None, None, "cuda", True, 2.5, 0.5, True, True, 128),
-    ("fp32", "fp32", None, None, "ascend", True, None, 10.0, True, True, 192),
-    ("bf16", "bf16", None, None, "ascend", False, None, 0.5, False, True, 2048),
-] + [
-    ("e4m3", grad, npc, layout, flavor, True, 2.5, 0.5, True, True, 384 if npc == 128 else 128)
-    for npc in (32, 128) for layout in SF_OPTIONS for flavor in ("ascend", "cuda")
-    for grad in (("bf16",) if layout != "fp32" else ("bf16", "fp32"))
-]
 # One ascend-sim kernel by default (an ascend-sim build takes half a minute); the E4M3 path runs
 # on ascend-sim under ``slow``.
 SIM_COVERING = [COVERING[0]]
@@ -68,14 +42,6 @@ SIM_FULL = [
 ALIGNMENT = 8
 # Expert sizes of the psum layout (alignment 8): rows 0-2, an empty expert, rows 8-20, 24-32.
 COUNTS = [3, 0, 13, 9]
-
-
-def case_id(case) -> str:
-    in_fmt, grad, npc, layout, flavor, weights, rsf, clamp, recompute, psum, hidden = case
-    parts = [in_fmt if npc is None else f"e4m3-{npc}-{layout}-grad_{grad}", flavor, f"H{hidden}"]
-    parts += [name for name, on in (("w", weights), ("rsf", rsf), ("clamp", clamp), ("recompute", recompute),
-                                    ("psum", psum)) if on]
-    return "-".join(parts)
 
 
 def _psum(counts, alignment):

@@ -9,14 +9,14 @@ run under ``slow``.
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
 from vmi_core.targets import get_flavor
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts
 from vmi_core.tools.testing import assert_bitwise_equal, randn
+from vmi_devkit.cases.swiglu_forward_cases import PER_CHANNEL_DEFAULT as DEFAULT
+from vmi_devkit.cases.swiglu_forward_cases import PER_CHANNEL_FULL as FULL
 from vmi_devkit.cuda import check_cuda_source
 from vmi_devkit.errors import forbid_kernels
 from vmi_quant.kernels.swiglu_forward_and_per_channel_cast_and_transpose import build_swiglu_per_channel
@@ -27,10 +27,6 @@ from vmi_quant.ops.swiglu_forward_and_per_channel_cast_and_transpose import (
 )
 from vmi_quant.reference import swiglu_forward as reference
 
-# (num_per_tokens, round_sf, without_transpose, clamp, flavor)
-DEFAULT = (32, False, False, 0.5, "ascend")
-FULL = [case for case in itertools.product((32, 128), (False, True), (False, True), (None, 10.0, 0.5),
-                                           ("ascend", "cuda")) if case != DEFAULT]
 # (tokens, hidden): none; one 128-token tile row by 2.5 channel tiles; two by three.
 SHAPES = [(0, 256), (128, 320), (256, 384)]
 

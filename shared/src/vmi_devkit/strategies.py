@@ -11,7 +11,8 @@ Profiles (registered and loaded by ``load_profile()``, which every property-test
 Each property exists twice in the test modules: a default-budget test in the normal run (a small,
 fixed set of option combinations, so few kernels compile) and a ``@pytest.mark.slow`` twin with
 ``settings(max_examples=SLOW_EXAMPLES)`` over every option combination, so ``pytest -m slow`` runs at
-least ``SLOW_EXAMPLES`` cases per op whatever profile is loaded.
+least ``SLOW_EXAMPLES`` cases per op whatever profile is loaded. A default-budget test whose
+examples are costly takes ``few_settings()``: a share of the profile's examples.
 
 Replaying a failure: paste the printed ``@reproduce_failure("<version>", b"<blob>")`` decorator on
 the failing test, or rerun with the seed the report prints (``pytest --hypothesis-seed=<seed>``);
@@ -55,6 +56,27 @@ def load_profile() -> str:
 def slow_settings(**kwargs):
     """``settings`` of a ``@pytest.mark.slow`` twin: at least ``SLOW_EXAMPLES`` examples."""
     return settings(max_examples=max(SLOW_EXAMPLES, settings.default.max_examples), **kwargs)
+
+
+def few_settings(share: int = 4, **kwargs):
+    """``settings`` of a default-budget test whose examples are costly (large references): a ``share``-th
+    of the loaded profile's examples (5 of the default profile's 20, 250 of the slow profile's)."""
+    return settings(max_examples=max(1, settings.default.max_examples // share), **kwargs)
+
+
+# --- shapes ------------------------------------------------------------------------------------------------------
+
+TOKEN_EDGES = [0, 1, 2, 31, 32, 33, 63, 64, 65, 97]
+
+
+def token_counts(limit: int = 140) -> st.SearchStrategy[int]:
+    """0 and 1 token, both sides of 32-token work tiles, anything up to ``limit``."""
+    return st.one_of(st.sampled_from(TOKEN_EDGES), st.integers(0, limit))
+
+
+def hidden_sizes(unit: int = 64, most: int = 448) -> st.SearchStrategy[int]:
+    """Multiples of ``unit`` up to ``most`` (partial 128-column tiles when ``unit`` is 64)."""
+    return st.integers(1, most // unit).map(lambda n: n * unit)
 
 
 # --- special values ---------------------------------------------------------------------------------------------
@@ -110,6 +132,13 @@ def with_row_padding(data, x: torch.Tensor, pads=(0, 0, 1, 7, 64)) -> torch.Tens
     return wide[:, :x.shape[1]]
 
 
+def plain_input(data, rows: int, cols: int, dtype: torch.dtype, group: int) -> torch.Tensor:
+    """A drawn ``float_matrix`` (non-finite values drawn or not) in drawn row padding."""
+    nonfinite = data.draw(st.booleans(), label="nonfinite")
+    x = float_matrix(data, rows, cols, dtype, nonfinite=nonfinite, group=group)
+    return with_row_padding(data, x)
+
+
 # --- guard bands -------------------------------------------------------------------------------------------------
 
 _INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -147,3 +176,11 @@ class Guarded:
             first = int(changed.nonzero()[0]) - GUARD
             raise AssertionError(f"{name}: {int(changed.sum())} bytes outside the output changed "
                                  f"(first at byte offset {first} from the output's start)")
+
+
+def guarded_like(data, t: torch.Tensor, *, zero: bool = False, label: str = "out") -> Guarded | None:
+    """None (let the op allocate) or a sentinel-guarded tensor laid out like ``t`` (maybe with padded rows)."""
+    if not data.draw(st.booleans(), label=f"preallocated {label}"):
+        return None
+    pad = data.draw(st.sampled_from([0, 3, 16]), label=f"{label} row padding")
+    return Guarded.like(t, pad=pad, zero=zero)

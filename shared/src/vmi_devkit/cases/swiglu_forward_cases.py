@@ -46,6 +46,13 @@ SIM_FULL = [case for case in dict.fromkeys(COVERING + FULL) if case[-1] == "asce
 LOWERING = SIM_COVERING
 CUDA_LOWERING = [COVERING[2]]
 
+# swiglu_forward_and_per_channel_cast_and_transpose: (num_per_tokens, round_sf, without_transpose,
+# clamp, flavor). By default one kernel (transposed, npt 32, clamped, ascend flavor); the other
+# option combinations under ``slow``.
+PER_CHANNEL_DEFAULT = (32, False, False, 0.5, "ascend")
+PER_CHANNEL_FULL = [case for case in itertools.product((32, 128), (False, True), (False, True), (None, 10.0, 0.5),
+                                                       ("ascend", "cuda")) if case != PER_CHANNEL_DEFAULT]
+
 
 def case_id(case) -> str:
     names = ("", "", "npc", "", "psum", "", "clamp", "count", "")
