@@ -312,3 +312,20 @@ def test_custom_op_returns_fixed_tuple():
     x, grad, _ = _inputs(COVERING[1], 8, 23)
     x_grad, weight_grad, act_out = torch.ops.vmi.swiglu_backward(x, grad, "fp32", target="torch")
     assert x_grad.shape == (8, 128) and weight_grad.shape == (0,) and act_out.shape == (0, 64)
+
+
+@pytest.mark.parametrize("flavor", ["ascend", "cuda"])
+def test_a_zero_clamp_keeps_the_sign_of_zero(flavor):
+    # clamp_value 0: the clamped up value -0.0 and a gate of -0.0 stay -0.0 (compare and select, as
+    # the reference); min/max gave +0.0 and flipped the sign of zero gradients and activations.
+    gate_up = torch.zeros(1, 256)
+    gate_up[0, 0], gate_up[0, 128] = -1.0, -1.0
+    gate_up[0, 1], gate_up[0, 129] = -0.0, 1.0
+    x = gate_up.to(torch.bfloat16)
+    grad = torch.ones(1, 128, dtype=torch.bfloat16)
+    options = dict(psum_num_tokens_per_expert=torch.tensor([1], dtype=torch.int32),
+                   topk_weights=torch.ones(1), clamp_value=0.0, do_recompute=True, flavor=flavor)
+    got = swiglu_backward(x, grad, "bf16", target="cpu", **options)
+    want = swiglu_backward(x, grad, "bf16", target="torch", **options)
+    for k, (result, expected) in enumerate(zip(got, want, strict=True)):
+        assert_bitwise_equal(result, expected, f"output {k}")

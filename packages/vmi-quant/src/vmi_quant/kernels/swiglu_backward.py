@@ -35,11 +35,12 @@ from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.exp import exp
 from vmi_core.tl.shell import SIMD, SIMT, Shell
-from vmi_core.tl.simd import LANES, Pred, Vec, fma, keep, maximum, minimum, select
+from vmi_core.tl.simd import LANES, Pred, Vec, fma, keep, select
 from vmi_core.tl.vector import decode
 from vmi_quant.sf_layout import SFLayout, align, sf_address
 
 from .common import KERNEL_DTYPE, ScaleRule, encode, scale_from_amax
+from .swiglu_forward import clamp_gate_up
 
 NUM_PER_CHANNELS = (32, 128)
 HIDDEN_ALIGN = 64
@@ -164,8 +165,9 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
         invalid = at.group(valid_row, row_span) < F.f32_const(0.5)
         one, zero = F.like(F.f32_const(1.0), a), F.f32_const(0.0)
         if spec.clamp:
-            a_c = keep(minimum(a, clamp))
-            b_c = keep(minimum(maximum(b, -clamp), clamp))
+            # Compare and select, as the forward and the reference: min/max would turn a -0.0 at a
+            # zero clamp into +0.0.
+            a_c, b_c = (keep(v) for v in clamp_gate_up(a, b, clamp))
         else:
             a_c, b_c = a, b
         den = keep(one + exp(-a_c))
