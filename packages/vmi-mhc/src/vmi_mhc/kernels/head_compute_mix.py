@@ -38,7 +38,6 @@ from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
-from vmi_core.tl.vector import load, store
 
 from ..tl.lanes import BiasTable, load_token_lanes, store_token_lanes, zero
 from ..tl.sigmoid import sigmoid_of_exp
@@ -141,10 +140,7 @@ def build_head_compute_mix_fwd(spec: HeadComputeMixSpec, target: str):
 def _accumulate_token_lanes(acc, row, at, value):
     """``acc[row, token] += value`` for the token(s) at ``at`` (one token per column: the vector
     form adds the register of token lanes whole)."""
-    if at.vector:
-        T.evaluate(store(acc[row, 0], load(acc[row, 0]) + value))
-    else:
-        T.buffer_store(acc, acc[row, at.i] + value, [row, at.i])
+    store_token_lanes(acc, row, at, load_token_lanes(acc, row, at) + value)
 
 
 @kernel(simd_parallel=False)
