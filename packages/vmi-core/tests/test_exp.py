@@ -1,4 +1,5 @@
-"""The correctly rounded exp of the kernels (``vmi_core.tl.exp``), bit for bit.
+"""The correctly rounded exp of the kernels (``vmi_core.tl.exp``, called as ``vmi_core.tl.elementary``'s
+functions), bit for bit.
 
 Reference: float64 ``exp`` rounded once to binary32 (``vmi_core.fp32.exp``), which is correctly
 rounded for every binary32 input: the exhaustive test finds every input whose float64 result lies
@@ -6,9 +7,8 @@ within 2^-44 (relative) of a binary32 rounding boundary and settles it with mpma
 
 The default run: the inputs the fast path flags (``data/exp_hard_inputs.txt``), the special values
 and a seeded sample, through a cpu kernel (scalar lanes in a vectorized loop) and an ascend-sim
-kernel (64-lane registers in a SIMD region), and on cpu through ``Shell.exp`` (a tile at a time:
-the exact evaluation only for tiles with a hard lane). ``nox -s exhaustive``: every binary32 input
-on cpu, both forms.
+kernel (a SIMT region), and on cpu through ``Shell.exp`` (a tile at a time: the exact evaluation
+only for tiles with a hard lane). ``nox -s exhaustive``: every binary32 input on cpu, both forms.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def check(x: torch.Tensor, target: str) -> torch.Tensor:
     the flags."""
     y, fast, hard, exact = run_lane_map("exp_parts", x, target)
     want = oracle(x)
-    assert_bitwise_equal(y, want, f"exp_cr on {target}", any_nan=True)
+    assert_bitwise_equal(y, want, f"vmi_exp on {target}", any_nan=True)
     assert_bitwise_equal(exact, want, f"exp_exact on {target}", any_nan=True)
     easy = hard == 0
     assert_bitwise_equal(fast[easy], want[easy], f"exp_with_flag's unflagged lanes on {target}", any_nan=True)
@@ -94,7 +94,8 @@ def test_exp_tile_passes_vectorize_and_the_exact_pass_runs_only_for_marked_tiles
     loops = exp_tile_cpu_loops()
     if loops is None:
         pytest.skip("GCC is not installed: the vectorizer report that shows the cpu loops vectorize is unavailable")
-    assert any(loop.startswith("for (int32_t i = 0; i < 1024; ++i) { v[0] = x[i];") for loop in loops), loops
+    assert any(loop.startswith("for (int32_t i = 0; i < 1024; ++i) { y[i] = vmi_exp_fast_or_mark(x[i]);")
+               for loop in loops), loops
     assert any("marked[0] = (marked[0] + " in loop for loop in loops), loops
     source = kernel_source(build_exp_tile, ExpTile(1 << 16), "cpu", simd_parallel=False)
     assert "if (marked[0] != 0) {" in source

@@ -4,8 +4,9 @@ Ascend: persistent token tiles over the 64 cores (``block_idx``, a wave loop ove
 forward loads the mixes by DMA (and the biases once per core) and stores the three mixes by DMA; the
 backward loads the mixes, the three output gradients and the saved post mix (and the biases) and
 stores the mix gradient and the tile's partial row; both compute in SIMD regions of real vector
-code (the backward also zeroes its partial row once per core; no scalar UB access, no SIMT region,
-no barrier inside a thread-guarded branch). The reduction loads workspace chunks by DMA and adds
+code (the backward also zeroes its partial row once per core; no scalar UB access, no barrier inside
+a thread-guarded branch) but for the sigmoids' exps, a SIMT region calling vmi's correctly rounded
+exp (no hardware transcendental). The reduction loads workspace chunks by DMA and adds
 them in SIMD regions (zeroing, a register per row); only the final single-element stores of the
 two gradients run in a SIMT region. CUDA: the sources compile with nvcc for an explicit arch.
 
@@ -16,8 +17,13 @@ from __future__ import annotations
 
 import pytest
 
-from vmi_core.ascend_sim import UB_BYTES
-from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
+from vmi_core.ascend_sim import UB_BYTES_WITH_SIMT
+from vmi_core.tools.source_checks import (
+    assert_vector_regions,
+    barriers_in_thread_guards,
+    dma_counts,
+    transcendental_calls,
+)
 from vmi_devkit.lowering import assert_cuda_compiles
 from vmi_mhc.kernels.pre_split_mixes import (
     REDUCE_SPEC,
@@ -35,25 +41,25 @@ def test_ascend_forward_kernel():
     src = build_pre_split_mixes_fwd.source(ASCEND, "ascend")
     assert "__global__ __vector__ void pre_split_mixes_fwd_kernel" in src
     assert "block_idx" in src
-    # The sigmoids' arguments, their exps (Shell.exp), the split.
-    assert_vector_regions(src, simd=3, simt=0)
+    # The sigmoids' arguments, their exps (Shell.exp: SIMT), the split.
+    assert_vector_regions(src, simd=2, simt=1)
     # In: the biases, the mixes. Out: pre, post, comb.
     assert dma_counts(src) == (2, 3)
-    # The sigmoid's exp and division are vector instructions.
-    assert "vexp" in src and "vdiv" in src
+    # The sigmoid's division is the vector instruction; its exp vmi's.
+    assert "vdiv" in src and "vmi_exp(" in src and transcendental_calls(src) == []
 
 
 def test_ascend_backward_kernels():
     src = build_pre_split_mixes_bwd.source(ASCEND, "ascend")
     assert "__global__ __vector__ void pre_split_mixes_bwd_kernel" in src
     assert "block_idx" in src
-    # Zeroing the partial row; per tile the sigmoids' arguments, their exps, the backward.
-    assert_vector_regions(src, simd=4, simt=0)
+    # Zeroing the partial row; per tile the sigmoids' arguments, their exps (SIMT), the backward.
+    assert_vector_regions(src, simd=3, simt=1)
     # In: the biases, the mixes, three gradients, the post mix. Out: the mix gradient, the partial row.
     assert dma_counts(src) == (6, 2)
-    assert "vexp" in src and "vdiv" in src
+    assert "vdiv" in src and "vmi_exp(" in src and transcendental_calls(src) == []
     lowering = build_pre_split_mixes_bwd.ascend_lowering(ASCEND)
-    assert lowering.ub_bytes <= UB_BYTES
+    assert lowering.ub_bytes <= UB_BYTES_WITH_SIMT
     src = build_pre_split_mixes_bwd_reduce.source(REDUCE_SPEC, "ascend")
     assert "__global__ __vector__ void pre_split_mixes_bwd_reduce_kernel" in src
     assert_vector_regions(src, simd=2, simt=1)

@@ -343,7 +343,7 @@ def test_kernel_zero_is_sqrt_ln2_and_padded_zero_gradient():
 
 # --- lowering for Ascend and CUDA ---------------------------------------------------------------
 
-# exp and log1p are built from fp32 arithmetic (vmi_core.tl.exp.exp_cr, vmi_core.tl.log1p.log1p):
+# exp and log1p are built from fp32 arithmetic (vmi_core.tl.elementary's exp and log1p):
 # fmaf appears in every source, sqrtf in the forward's.
 EXPECTED_CALLS = {"forward": ("sqrtf(", "fmaf("), "backward": ("fmaf(",)}
 CASES = [(d, f) for d in DIRECTIONS for f in FLAVORS]

@@ -1,8 +1,9 @@
 """swiglu_forward lowers for ascend and cuda.
 
-Ascend: the generated AscendC loads the gate and up slices of a row by DMA, runs one SIMD region
-per work tile (real vector instructions: the SwiGLU math with the vector exp and division, the
-E4M3 amax, scales and codes, the clamp-counter row sums), a SIMT region that scatters the SF at
+Ascend: the generated AscendC loads the gate and up slices of a row by DMA, runs per work tile SIMD
+regions (real vector instructions: the negated gate; the SwiGLU math with the vector division, the
+E4M3 amax, scales and codes, the clamp-counter row sums) around a SIMT region of the gate's exps
+(vmi's correctly rounded exp: no hardware transcendental), a SIMT region that scatters the SF at
 computed addresses (E4M3) and one that stores the worker's counters (the README's "differences
 by target" entry), no barrier inside a thread-guarded branch, and stores the output slice by DMA.
 CUDA: the source compiles with nvcc for an explicit arch.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import re
 
 from vmi_core.targets import get_flavor
+from vmi_core.tools.source_checks import transcendental_calls
 from vmi_devkit.cases.swiglu_forward_cases import COVERING, CUDA_LOWERING, LOWERING, SF_MODES, case_id
 from vmi_devkit.lowering import assert_ascend_kernel, assert_cuda_compiles, case_table_tests
 from vmi_quant.kernels.swiglu_forward import build_swiglu_forward
@@ -36,11 +38,11 @@ def _check_ascend(case):
     src = build_swiglu_forward.source(spec, "ascend")
     quantized = spec.fmt == "e4m3"
     # In: the gate and up slices. Out: the output slice (the SF goes out from SIMT). SIMD: the negated
-    # gate, its exps (Shell.exp), the activation.
-    regions = assert_ascend_kernel(src, "swiglu_forward_kernel", simd=3,
-                                   simt=int(quantized) + int(spec.count_clamped), dma=(2, 1), block_idx=False)
+    # gate, the activation; SIMT: its exps (Shell.exp: vmi's correctly rounded exp).
+    regions = assert_ascend_kernel(src, "swiglu_forward_kernel", simd=2,
+                                   simt=1 + int(quantized) + int(spec.count_clamped), dma=(2, 1), block_idx=False)
     assert regions
-    assert "simd_inst::vexp" in src and "simd_inst::vdiv" in src
+    assert "simd_inst::vdiv" in src and "vmi_exp(" in src and transcendental_calls(src) == []
     if spec.with_psum:
         # The expert search reads the psum layout from global memory in scalar code.
         assert re.search(r"PSUM\[", src)

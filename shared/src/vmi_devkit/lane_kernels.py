@@ -1,6 +1,6 @@
 """A kernel that maps a 1-D fp32 tensor through lane functions of ``vmi_core.tl``, for the tests of
-those functions: cpu runs them as scalar lanes in a vectorized C loop, ascend-sim as 64-lane vector
-registers in a SIMD region (what the ops' Ascend kernels run)."""
+those functions: the functions of ``vmi_core.tl.elementary`` as the ops' kernels call them, on
+scalar lanes (cpu: a vectorized C loop; ascend-sim: a SIMT region)."""
 
 # No ``from __future__ import annotations``: TileLang reads the prim_func's annotations as values.
 
@@ -11,22 +11,29 @@ import tilelang.language as T
 import torch
 
 from vmi_core.compile import cached_kernel, kernel_source
-from vmi_core.tl import exp as E
 from vmi_core.tl import log1p as L
-from vmi_core.tl.shell import SIMD, Shell
+from vmi_core.tl.elementary import call
+from vmi_core.tl.formats import f32_const
+from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.simd import select
 from vmi_core.tools.source_checks import cpu_vectorized_loops, transcendental_calls
 
 
 def exp_parts(x):
-    """``exp_cr``, then the fast path's value and hard flag, then the exact evaluation."""
-    fast, hard = E.exp_with_flag(x)
-    return E.exp_cr(x), fast, select(hard, T.int32(1), T.int32(0)), E.exp_exact(x)
+    """``vmi_exp``, then the fast path's value (-1.0 where undecided) and the flag of an undecided
+    lane, then the exact evaluation."""
+    fast = call("vmi_exp_fast_or_mark", x)
+    return call("vmi_exp", x), fast, select(fast < f32_const(0.0), T.int32(1), T.int32(0)), call("vmi_exp_exact", x)
 
 
-# log1p: the value, then the parts H, M and L of the sum it rounds (meaningful for 2^-24 <= |x|, x > -1 finite)
+def log1p_parts(x):
+    """``vmi_log1p``, then the parts H, M and L of the sum it rounds (the lane code inlined; meaningful
+    for 2^-24 <= |x|, x > -1 finite)."""
+    return (call("vmi_log1p", x), *L.log1p_parts(x))
+
+
 PROBES = {"exp_parts": (exp_parts, ("float32", "float32", "int32", "float32")),
-          "log1p": (L.log1p_with_parts, ("float32", "float32", "float32", "float32"))}
+          "log1p": (log1p_parts, ("float32", "float32", "float32", "float32"))}
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ def build_lane_map(spec: LaneMap, target: str):
             x = sh.tile((block,), "float32")
             ys = [sh.tile((block,), d) for d in dtypes]
             _emit(sh.copy(X[bx * block], x))
-            with sh.vector(SIMD):
+            with sh.vector(SIMT):
                 sh.elementwise((block,), lambda at: probe(at.load(x)), ys)
             _emit(sh.copy(ys[0], Y0[bx * block]))
             _emit(sh.copy(ys[1], Y1[bx * block]))

@@ -1,7 +1,8 @@
 """Single fp32 operations in torch with the rounding a kernel gives them: the torch twins of
-``vmi_core.tl.simd.fma``, ``vmi_core.tl.exp.exp_cr`` and ``vmi_core.tl.log1p.log1p``, and the
-subnormal flush of the Ascend vector division (twin of ``vmi_core.tl.formats.flush_subnormal``) and
-that division itself (``ascend_quotient``, twin of ``vmi_core.tl.formats.ascend_quotient``).
+``vmi_core.tl.simd.fma``, ``vmi_core.tl.exp`` and ``vmi_core.tl.log1p`` (the kernels' exp and log1p,
+``vmi_core.tl.elementary``), and the subnormal flush of the Ascend vector division (twin of
+``vmi_core.tl.formats.flush_subnormal``) and that division itself (``ascend_quotient``, twin of
+``vmi_core.tl.formats.ascend_quotient``).
 
 torch has no fused multiply-add, and its float32 ``exp``/``log1p`` are not correctly rounded (within
 an ulp), so none can serve as the oracle of a kernel that is bit-exact. All are computed in float64:

@@ -2,7 +2,7 @@
 
 The torch twins of the kernel macros of ``vmi_moe.tl.softplus``, written from the spec: each
 flavor's sequence of fp32 operations, with the correctly rounded ``exp``/``log1p`` of
-``vmi_core.fp32`` (the twins of the kernels' ``exp_cr``/``log1p``) and one fp32 rounding per
+``vmi_core.fp32`` (the twins of the kernels' ``exp``/``log1p``) and one fp32 rounding per
 operation, so a kernel gives these bits on every target. The fp32 values are held in float64 and
 rounded after each step (``vmi_core.fp32.round_held``): one correct rounding for ``+ - * /`` and
 ``sqrt``, as float64 carries more than twice fp32's precision (torch's own float32 ``sqrt`` on the

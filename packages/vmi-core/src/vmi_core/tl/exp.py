@@ -20,10 +20,10 @@ Two evaluations, both branch-free:
   goes through round-to-odd, so it is correctly rounded everywhere (the binary32 input closest to a
   rounding boundary lies 2^-52.64 from it).
 
-``exp_cr`` returns the fast result, or the exact one on hard lanes, computing both per lane;
-``exp_tile`` (a tile at a time, ``Shell.exp``) computes the exact one only for the hard lanes. Both
-evaluations are verified against the oracle on every binary32 input (``nox -s exhaustive``); the
-default tests check the hard lanes, the special values and a seeded sample on cpu and ascend-sim.
+Kernels call them as C functions printed from this lane code (``vmi_core.tl.elementary``: the fast
+result or the exact one on hard lanes, and ``Shell.exp``, a tile at a time). Both evaluations are
+verified against the oracle on every binary32 input (``nox -s exhaustive``); the default tests
+check the hard lanes, the special values and a seeded sample on cpu and ascend-sim.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from .exact import (
     two_sum_error,
 )
 from .formats import f32_bits, f32_const, f32_from_bits, u32
-from .simd import Vec, bitcast, fma, keep, select, simd
+from .simd import bitcast, fma, select
 
 _SHIFT = 12582912.0  # adding it leaves round(x·N/ln2) in the low mantissa bits
 _XMIN = -104.0  # e^-104 < 2^-150: below it e^x rounds to +0
@@ -197,81 +197,3 @@ def exp_exact(x):
     tail = keep_flat(e2 + mid_odd)
     tail_odd = round_to_odd(tail, two_sum_error(e2, mid_odd, tail))
     return _finish(x, f32_bits(keep_flat(big + tail_odd)), e, sub, cb)
-
-
-def exp_cr(x):
-    """``e^x`` of an fp32 lane value (a scalar expression or a ``Vec``), correctly rounded, from
-    documented arithmetic only."""
-    x = keep_flat(x)
-    y, hard = exp_with_flag(x)
-    return select(hard, exp_exact(x), y)
-
-
-def exp(x):
-    """The kernels' lane ``e^x``, for a phase that fuses the exp into its arithmetic: ``exp_cr`` on
-    scalar lanes (cpu, cuda, Ascend SIMT); on a ``Vec`` (Ascend SIMD) still the vector unit's
-    ``vexp``, which ascend-sim models as correctly rounded with flush-to-zero, a behaviour the
-    vendor does not document (docs/core.md says why ``exp_cr`` is not used there yet). A phase that
-    can afford an fp32 tile of exps takes them with ``Shell.exp`` (``exp_tile``), which is faster."""
-    if isinstance(x, Vec):
-        return Vec(simd().vexp(x.expr))
-    return exp_cr(x)
-
-
-# e^x is never negative, and a NaN compares false: the fast pass marks undecided lanes with it.
-_HARD = -1.0
-
-
-@T.macro
-def exp_tile(shape, src, dst, skip_decided_tiles: bool):
-    """``dst = e^src`` element-wise over a ``(rows, cols)`` tile domain, correctly rounded, on scalar lanes.
-
-    Two passes: the fast evaluation of every element (branch-free: it vectorizes on cpu), which
-    marks the few lanes it cannot decide (about one input in 2^23) with a negative value, then the
-    exact evaluation of the marked ones. ``skip_decided_tiles`` (cpu): count the marks first and
-    skip the second pass when there are none, since GCC vectorizes that pass too (masked), which
-    would evaluate the exact form on every lane. ``src`` and ``dst`` are distinct tiles.
-    """
-    rows, cols = shape
-    for i, j in T.Parallel(rows, cols):
-        _fast_or_mark(src, dst, i, j)
-    if skip_decided_tiles:
-        marked = T.alloc_var("int32")
-        marked = 0
-        for i, j in T.grid(rows, cols):
-            marked = marked + T.Cast("int32", dst[i, j] < f32_const(0.0))
-        if marked != 0:
-            for i, j in T.Parallel(rows, cols):
-                _settle(src, dst, i, j)
-    else:
-        for i, j in T.Parallel(rows, cols):
-            _settle(src, dst, i, j)
-
-
-def _fast_or_mark(src, dst, i, j):
-    y, hard = exp_with_flag(keep_flat(src[i, j]))
-    T.buffer_store(dst, select(hard, f32_const(_HARD), y), [i, j])
-
-
-@T.macro
-def _settle(src, dst, i, j):
-    if dst[i, j] < f32_const(0.0):
-        T.buffer_store(dst, exp_exact(keep_flat(src[i, j])), [i, j])
-
-
-def exp_each(values: list) -> list:
-    """``exp`` of several fp32 lane values through one call site.
-
-    On scalar lanes the values pass through a per-lane local array and one loop: ``exp_cr`` is a few
-    hundred operations, and inlined once per value it makes a kernel with many exps cost minutes of
-    C++/CUDA compilation (the 16 of a Sinkhorn softmax: over 100 s per kernel). ``Vec`` values each
-    take one instruction.
-    """
-    if isinstance(values[0], Vec):
-        return [keep(exp(v)) for v in values]
-    lanes = T.alloc_local((len(values),), "float32")
-    for i, v in enumerate(values):
-        T.buffer_store(lanes, v, [i])
-    with T.serial(len(values)) as i:
-        T.buffer_store(lanes, exp_cr(lanes[i]), [i])
-    return [keep(lanes[i]) for i in range(len(values))]

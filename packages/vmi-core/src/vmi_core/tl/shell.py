@@ -33,7 +33,7 @@ import tilelang.language as TL
 from tvm import tirx
 
 from . import vector as V
-from .exp import exp, exp_tile
+from .elementary import exp_lanes, exp_tile
 
 # Persistent workers per target: Ascend 950 vector cores, H200 SMs (x2 blocks), one CPU thread.
 DEFAULT_WORKERS = {"ascend": 64, "cuda": 264, "cpu": 1}
@@ -181,17 +181,16 @@ class Shell:
         return self.T.copy(src, dst)
 
     def exp(self, shape, src, dst):
-        """``dst = e^src`` over a ``(rows, cols)`` tile domain, as a phase of its own (outside vector regions):
-        correctly rounded on cpu and cuda (``vmi_core.tl.exp.exp_tile``: a vectorizable fast pass,
-        then the exact evaluation of the rare lanes it leaves undecided). On Ascend still the
-        vector unit's ``vexp`` in a SIMD region, whose bits the vendor does not document: the
-        correctly rounded form, as SIMT lanes here, is verified on ascend-sim but costs TileLang's
-        AutoSchedule and InsertSync passes minutes per kernel (docs/core.md)."""
-        if not self.is_ascend:
-            exp_tile(shape, src, dst, self.is_cpu)
+        """``dst = e^src`` over a ``(rows, cols)`` tile domain, correctly rounded, as a phase of its
+        own (outside vector regions; ``src`` and ``dst`` distinct). On cpu two vectorized passes
+        (``vmi_core.tl.elementary.exp_tile``: the fast evaluation, then the exact one only in a tile
+        where the fast one left a lane undecided); on cuda and Ascend (a SIMT region) one ``exp``
+        per lane, whose rare undecided lanes branch to the exact evaluation."""
+        if self.is_cpu:
+            exp_tile(shape, src, dst)
             return
-        with self.vector(SIMD):
-            self.elementwise(shape, lambda at: exp(at.load(src)), dst)
+        with self.vector(SIMT):
+            exp_lanes(shape, src, dst)
 
     def buffer_versions(self, versions: dict):
         """Multi-buffer ``{tile: count}`` on targets that pipeline DMA (Ascend)."""

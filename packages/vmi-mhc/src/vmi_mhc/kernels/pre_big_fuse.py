@@ -8,11 +8,12 @@ worker reads the 3 gains once as scalars and the 24 biases once into an on-chip 
    (``vmi_mhc.tl.rms.split_sum``), as the reduce forward kernel does.
 2. **Mixes, one lane per token** (``Shell.rowwise``; on Ascend explicit vector code, 64 tokens a
    register, the columns gathered and scattered in UB): ``r = rms_scale(sq)``, per entry the mix
-   ``out_mul · r`` and its logit (``vmi_mhc.tl.split_mixes.logit``); the pre mix
-   (``pre_mix``) goes to an on-chip table, the post mix (``post_mix``) to the post tile, and the
-   16 comb logits straight into the Sinkhorn chain (``vmi_mhc.tl.sinkhorn.sinkhorn``, the
-   function the sinkhorn kernel runs) whose result goes to the comb tile. Post and comb are
-   DMA'd out.
+   ``out_mul · r`` and its logit (``vmi_mhc.tl.split_mixes.logit``); the exps' arguments (``-z``
+   of the pre and post entries, the comb logits' ``softmax_shift``) go to a tile, their exps to
+   another (``Shell.exp``, a SIMT region on Ascend); then the pre mix (``pre_mix`` of the
+   sigmoid) goes to an on-chip table, the post mix (``post_mix``) to the post tile, and the comb
+   exps into the Sinkhorn chain (``vmi_mhc.tl.sinkhorn.sinkhorn_of_exps``, as the sinkhorn
+   kernel runs it) whose result goes to the comb tile. Post and comb are DMA'd out.
 3. **Apply.** For each of the block's tokens, its hidden tiles of ``BLOCK_H`` columns: DMA the
    ``(n, BLOCK_H)`` residual slice in, per column the stream mix of ``vmi_mhc.tl.mix`` with the
    token's pre weights read from the on-chip table (broadcast to the lanes by a register gather
@@ -21,7 +22,7 @@ worker reads the 3 gains once as scalars and the 24 biases once into an on-chip 
 Every stage calls the ``vmi_mhc.tl`` function its unfused kernel calls, in the same order with
 the same roundings, so the outputs equal the unfused chain's bit for bit on every target and
 flavor (spec §5.1); the pre mix never leaves the chip. Tails of the token and hidden axes are
-clamped by the DMA. On Ascend every phase is explicit vector code (SIMD regions). One compiled
+clamped by the DMA. On Ascend every phase but the exps is explicit vector code (SIMD regions). One compiled
 kernel per ``(n·H, rms_eps, flavor)`` (the RMS scale's constants, as the reduce kernel's); the
 token and split counts, the epsilons, the post multiplier and the repeat are runtime values.
 """
@@ -42,8 +43,8 @@ from ..inputs import MHC_MULT, mix_width
 from ..tl.lanes import BiasTable, zero
 from ..tl.mix import row_at, stream_mix
 from ..tl.rms import rms_scale, split_sum
-from ..tl.sigmoid import sigmoid
-from ..tl.sinkhorn import ENTRIES, sinkhorn
+from ..tl.sigmoid import sigmoid_of_exp
+from ..tl.sinkhorn import ENTRIES, sinkhorn_of_exps, softmax_shift
 from ..tl.split_mixes import logit, post_mix, pre_mix
 from .norm_fn import padded_mix, row_value
 
@@ -95,20 +96,34 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
     p_stride = TK.dynamic("p_stride")
     q_stride = TK.dynamic("q_stride")
 
-    def mix_token(acc, sq, biases, pre, post, comb, gains, scalars, at):
-        pre_eps, post_mult, sinkhorn_eps, repeat = scalars
+    def exp_arguments(acc, sq, biases, gains, args, at):
+        """The exps' arguments of the token(s) at ``at``: ``-z`` of the pre and post entries, then the
+        comb logits' ``softmax_shift``."""
         r = keep(rms_scale(row_value(sq, at), spec.group_size, spec.rms_eps, spec.flavor))
         bias = BiasTable(biases, at)
 
         def z(i, gain: int):
             return logit(keep(at.load(acc, i) * r), gains[gain], bias[i])
 
-        # Loops rather than unrolled entries, as the split kernel has them: one sigmoid in the code each.
+        # Loops rather than unrolled entries, as the split kernel has them.
+        for c in range(2):
+            with T.serial(N) as m:
+                at.store(args, c * N + m, -z(c * N + m, c))
+        for e, v in enumerate(softmax_shift([z(2 * N + e, 2) for e in range(ENTRIES)])):
+            at.store(args, 2 * N + e, v)
+
+    def mix_token(exps, pre, post, comb, scalars, at):
+        pre_eps, post_mult, sinkhorn_eps, repeat = scalars
+
+        def sigma(m):
+            return sigmoid_of_exp(at.load(exps, m), spec.flush_division, sh.in_simd)
+
         with T.serial(N) as m:
-            at.store(pre, m, pre_mix(sigmoid(z(m, 0), spec.flush_division, sh.in_simd), pre_eps))
+            at.store(pre, m, pre_mix(sigma(m), pre_eps))
         with T.serial(N) as m:
-            at.store(post, m, post_mix(sigmoid(z(N + m, 1), spec.flush_division, sh.in_simd), post_mult))
-        projected = sinkhorn([z(2 * N + e, 2) for e in range(ENTRIES)], repeat, sinkhorn_eps, spec.flavor)
+            at.store(post, m, post_mix(sigma(N + m), post_mult))
+        projected = sinkhorn_of_exps([at.load(exps, 2 * N + e) for e in range(ENTRIES)], repeat, sinkhorn_eps,
+                                     spec.flavor)
         for e, v in enumerate(projected):
             at.store(comb, e, v)
 
@@ -123,9 +138,13 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
         sh.elementwise((BT,), lambda at: split_sum(at.load(sq), at.load(q)), sq)
 
     @T.macro
-    def mixes(acc, sq, biases, pre, post, comb, gains, pre_eps, post_mult, sinkhorn_eps, repeat):
+    def mixes(acc, sq, biases, args, exps, pre, post, comb, gains, pre_eps, post_mult, sinkhorn_eps, repeat):
         scalars = (pre_eps, post_mult, sinkhorn_eps, repeat)
-        sh.rowwise(BT, lambda at: mix_token(acc, sq, biases, pre, post, comb, gains, scalars, at))
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: exp_arguments(acc, sq, biases, gains, args, at))
+        sh.exp((BT, N3), args, exps)
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: mix_token(exps, pre, post, comb, scalars, at))
 
     @T.macro
     def apply_mix(x, pre, row, o):
@@ -157,6 +176,8 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
                 pre = sh.group_tile(BT, N, "float32")
                 post = sh.tile((BT, N), "float32")
                 comb = sh.tile((BT, ENTRIES), "float32")
+                args = sh.tile((BT, N3), "float32")
+                exps = sh.tile((BT, N3), "float32")
                 x = sh.tile((N, BH), "uint16")
                 o = sh.tile((BH,), "uint16")
                 sh.buffer_versions({p: 2, q: 2, x: 2, o: 2})
@@ -168,8 +189,7 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
                     sh.copy(Q[s, t0], q)
                     with sh.vector(SIMD):
                         add_split(acc, p, sq, q)
-                with sh.vector(SIMD):
-                    mixes(acc, sq, biases, pre, post, comb, gains, pre_eps, post_mult, sinkhorn_eps, repeat)
+                mixes(acc, sq, biases, args, exps, pre, post, comb, gains, pre_eps, post_mult, sinkhorn_eps, repeat)
                 sh.copy(post, POST[t0, 0])
                 sh.copy(comb, COMB[t0, 0])
                 for row in T.serial(num_valid):

@@ -4,7 +4,9 @@ Both kernels deal work tiles of ``BLOCK_T`` tokens round-robin to persistent wor
 
 1. DMA the tokens' 4x4 fp32 matrices (rows of 16) into on-chip tiles (the last tile's missing
    tokens are clamped away);
-2. one lane per token (``Shell.rowwise``; on Ascend explicit vector code, 64 tokens a register,
+2. the softmax's exps: their arguments ``x - rowmax`` per token into a tile, the exps of the
+   tile (``Shell.exp``; on Ascend a SIMT region, the other phases are SIMD);
+3. one lane per token (``Shell.rowwise``; on Ascend explicit vector code, 64 tokens a register,
    the 16 entries gathered from UB into 16 registers), so every row and column sum is plain
    lane arithmetic in the flavor's tree (``vmi_mhc.tl.sinkhorn``) and no cross-lane reduction
    is needed:
@@ -14,7 +16,7 @@ Both kernels deal work tiles of ``BLOCK_T`` tokens round-robin to persistent wor
      input matrix and denominators, then walk the steps back from the output gradient, and
      finish with the softmax's backward;
 
-3. DMA the results out.
+4. DMA the results out.
 
 ``repeat`` and ``eps`` are runtime arguments: one compiled kernel per ``(direction, flavor)``.
 The backward's replay store holds ``2 * MAX_BACKWARD_REPEAT`` steps: on Ascend a UB tile laid
@@ -32,12 +34,13 @@ from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LaneVar, keep
 from vmi_core.tl.vector import load, phase_barrier, store
 
-from ..tl.sinkhorn import ENTRIES, N, divide_by, rows, sinkhorn, sum4, transpose
+from ..tl.sinkhorn import ENTRIES, N, divide_by, rows, sinkhorn_of_exps, softmax_shift, sum4, transpose
 
 # Tokens per work tile: one per vector lane.
 BLOCK_T = 64
 # Bound of the backward's repeat: its replay store of 2R steps x (16 entries + 4 denominators)
-# x 64 tokens fp32 (160 KiB at R = 16) plus the double-buffered in/out tiles fits the 248 KiB UB.
+# x 64 tokens fp32 (160 KiB at R = 16) plus the double-buffered in/out tiles and the exps' two
+# fits the 216 KiB UB of a kernel with a SIMT region.
 MAX_BACKWARD_REPEAT = 16
 MAX_STEPS = 2 * MAX_BACKWARD_REPEAT
 
@@ -106,6 +109,18 @@ class _StepStore:
         return [self._get(self.denominators, step * N + k) for k in range(N)]
 
 
+def softmax_exps(sh: Shell, x, shifted, exps):
+    """The exps of the softmax of the token tile ``x``: ``exp(x - rowmax)`` into ``exps``."""
+
+    def shift_token(at):
+        for e, v in enumerate(softmax_shift([at.load(x, e) for e in range(ENTRIES)])):
+            at.store(shifted, e, v)
+
+    with sh.vector(SIMD):
+        sh.rowwise(BLOCK_T, shift_token)
+    sh.exp((BLOCK_T, ENTRIES), shifted, exps)
+
+
 @kernel(simd_parallel=False)
 def build_sinkhorn_forward(spec: SinkhornSpec, target: str):
     """The forward kernel's TileLang prim_func of ``spec`` for ``target``."""
@@ -114,14 +129,16 @@ def build_sinkhorn_forward(spec: SinkhornSpec, target: str):
     BT = BLOCK_T
     M = TK.dynamic("M")
 
-    def forward_tokens(at, x, y, repeat, eps):
-        out = sinkhorn([at.load(x, e) for e in range(ENTRIES)], repeat, eps, spec.flavor)
+    def forward_tokens(at, exps, y, repeat, eps):
+        out = sinkhorn_of_exps([at.load(exps, e) for e in range(ENTRIES)], repeat, eps, spec.flavor)
         for e, v in enumerate(out):
             at.store(y, e, v)
 
     @T.macro
-    def forward(x, y, repeat, eps):
-        sh.rowwise(BT, lambda at: forward_tokens(at, x, y, repeat, eps))
+    def forward(x, shifted, exps, y, repeat, eps):
+        softmax_exps(sh, x, shifted, exps)
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: forward_tokens(at, exps, y, repeat, eps))
 
     @TK.prim_func
     def sinkhorn_forward_kernel(X: TK.Tensor((M, ENTRIES), "float32"), Y: TK.Tensor((M, ENTRIES), "float32"),
@@ -131,11 +148,12 @@ def build_sinkhorn_forward(spec: SinkhornSpec, target: str):
                 row0 = T.alloc_var("int32")
                 row0 = tm * BT
                 x = sh.tile((BT, ENTRIES), "float32")
+                shifted = sh.tile((BT, ENTRIES), "float32")
+                exps = sh.tile((BT, ENTRIES), "float32")
                 y = sh.tile((BT, ENTRIES), "float32")
                 sh.buffer_versions({x: 2, y: 2})
                 sh.copy(X[row0, 0], x)
-                with sh.vector(SIMD):
-                    forward(x, y, repeat, eps)
+                forward(x, shifted, exps, y, repeat, eps)
                 sh.copy(y, Y[row0, 0])
 
     return sinkhorn_forward_kernel
@@ -150,9 +168,9 @@ def build_sinkhorn_backward(spec: SinkhornSpec, target: str):
     M = TK.dynamic("M")
     flavor = spec.flavor
 
-    def backward_tokens(at, g_tile, x_tile, gi_tile, matrices, denominators, repeat, eps):
+    def backward_tokens(at, g_tile, exps, gi_tile, matrices, denominators, repeat, eps):
         steps = _StepStore(at, matrices, denominators)
-        sinkhorn([at.load(x_tile, e) for e in range(ENTRIES)], repeat, eps, flavor, steps.record)
+        sinkhorn_of_exps([at.load(exps, e) for e in range(ENTRIES)], repeat, eps, flavor, steps.record)
         if at.vector:
             # The reverse walk loads what the replay stored.
             phase_barrier()
@@ -172,8 +190,10 @@ def build_sinkhorn_backward(spec: SinkhornSpec, target: str):
             at.store(gi_tile, e, v)
 
     @T.macro
-    def backward(g, x, gi, matrices, denominators, repeat, eps):
-        sh.rowwise(BT, lambda at: backward_tokens(at, g, x, gi, matrices, denominators, repeat, eps))
+    def backward(g, x, shifted, exps, gi, matrices, denominators, repeat, eps):
+        softmax_exps(sh, x, shifted, exps)
+        with sh.vector(SIMD):
+            sh.rowwise(BT, lambda at: backward_tokens(at, g, exps, gi, matrices, denominators, repeat, eps))
 
     @TK.prim_func
     def sinkhorn_backward_kernel(G: TK.Tensor((M, ENTRIES), "float32"), X: TK.Tensor((M, ENTRIES), "float32"),
@@ -187,12 +207,13 @@ def build_sinkhorn_backward(spec: SinkhornSpec, target: str):
                 row0 = tm * BT
                 g = sh.tile((BT, ENTRIES), "float32")
                 x = sh.tile((BT, ENTRIES), "float32")
+                shifted = sh.tile((BT, ENTRIES), "float32")
+                exps = sh.tile((BT, ENTRIES), "float32")
                 gi = sh.tile((BT, ENTRIES), "float32")
                 sh.buffer_versions({g: 2, x: 2, gi: 2})
                 sh.copy(G[row0, 0], g)
                 sh.copy(X[row0, 0], x)
-                with sh.vector(SIMD):
-                    backward(g, x, gi, matrices, denominators, repeat, eps)
+                backward(g, x, shifted, exps, gi, matrices, denominators, repeat, eps)
                 sh.copy(gi, GI[row0, 0])
 
     return sinkhorn_backward_kernel

@@ -2,9 +2,11 @@
 
 One token's ``n x n`` logits are 16 lane values in row-major order (entry ``(j, k)`` at
 ``4 j + k``): fp32 scalars in a ``T.Parallel`` lane, or ``vmi_core.tl.simd.Vec`` registers of
-64 tokens (one token per lane) in an Ascend SIMD region. ``sinkhorn`` is the forward that
-``sinkhorn`` kernels and the fused ``pre_big_fuse`` run, so both give the same bits; the
-backward kernel replays it through ``record``.
+64 tokens (one token per lane) in an Ascend SIMD region. The forward is ``softmax_shift`` (the
+exps' arguments ``x - rowmax``), the exps a tile at a time (``Shell.exp``: the correctly rounded
+exp is a function of scalar lanes), then ``sinkhorn_of_exps``; the ``sinkhorn`` kernels and the
+fused ``pre_big_fuse`` run the same, so both give the same bits, and the backward kernel replays
+it through ``record``.
 
 Per flavor (spec §3.9.2, §5.1):
 
@@ -15,8 +17,8 @@ Per flavor (spec §3.9.2, §5.1):
   quotients to signed zero, and a residual check of the quotient's neighbours, which moves it by
   an ulp where the residuals underflow); the vector form is that division, scalar code models it
   (``vmi_core.tl.formats.ascend_quotient``);
-* ``exp(x - rowmax)``: correctly rounded (``vmi_core.tl.exp.exp_each``: one call site for the
-  16 entries); the max of 4 is order-free.
+* ``exp(x - rowmax)``: correctly rounded (``vmi_core.tl.elementary``); the max of 4 is
+  order-free.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import tilelang.language as T
 
 from vmi_core.tl import formats as F
-from vmi_core.tl.exp import exp_each
 from vmi_core.tl.simd import LaneVar, Vec, keep, maximum
 
 N = 4
@@ -58,14 +59,19 @@ def divide_by(values: list, den, flavor: str) -> list:
     return [F.ascend_quotient(v, den, flushed_den) for v in values]
 
 
-def softmax_rows(logits: list, flavor: str) -> list:
-    """``exp(x - rowmax) / rowsum`` per row."""
+def softmax_shift(logits: list) -> list:
+    """The softmax's exp arguments ``x - rowmax``, per row, of 16 logits."""
     shifted = []
-    for row in rows(logits):
+    for row in rows([keep(v) for v in logits]):
         peak = keep(maximum(maximum(row[0], row[1]), maximum(row[2], row[3])))
         shifted += [keep(x - peak) for x in row]
+    return shifted
+
+
+def softmax_of_exps(exps: list, flavor: str) -> list:
+    """``e / rowsum(e)`` per row: the softmax, given the exps of ``softmax_shift``."""
     out = []
-    for e in rows(exp_each(shifted)):
+    for e in rows([keep(v) for v in exps]):
         out += divide_by(e, sum4(e, flavor), flavor)
     return out
 
@@ -76,8 +82,9 @@ def normalize_rows(m: list, eps, flavor: str) -> tuple[list, list]:
     return [q for row, den in zip(rows(m), dens, strict=True) for q in divide_by(row, den, flavor)], dens
 
 
-def sinkhorn(logits: list, repeat, eps, flavor: str, record=None) -> list:
-    """The Sinkhorn projection of one token's 16 logits (lane values), as 16 lane values.
+def sinkhorn_of_exps(exps: list, repeat, eps, flavor: str, record=None) -> list:
+    """The Sinkhorn projection of one token's 16 logits (lane values), as 16 lane values, given the
+    exps of their ``softmax_shift``.
 
     Softmax over each row, ``+ eps``, then ``2 * repeat - 1`` sum normalisations ``x / (sum +
     eps)``, of the columns first, then alternately the rows and the columns. ``repeat`` (>= 1)
@@ -86,8 +93,8 @@ def sinkhorn(logits: list, repeat, eps, flavor: str, record=None) -> list:
     (steps 1 to ``2R - 1``), the matrix transposed for the column steps (odd ``step``) so that
     the normalised lines are its rows: the backward's replay (spec §3.9.3).
     """
-    vector = isinstance(logits[0], Vec)
-    p = softmax_rows([keep(v) for v in logits], flavor)
+    vector = isinstance(exps[0], Vec)
+    p = softmax_of_exps(exps, flavor)
     if record is not None:
         record(0, p, None)
     # Every step normalises the rows of its input and hands the next step the transposed

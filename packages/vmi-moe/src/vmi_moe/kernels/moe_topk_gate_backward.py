@@ -21,7 +21,7 @@ Work tiles of ``block_m`` tokens go round-robin to persistent workers. Per tile:
 On Ascend step 3 (the one-hot sum) runs as explicit vector code, one token per lane
 (``Shell.rowwise``); steps 2 and 4 run in SIMT regions: per-token loops with global
 status stores, gathers by expert index, and the derivative's ``exp`` (the correctly
-rounded ``exp_cr``, scalar code). No lane stores
+rounded ``exp`` of ``vmi_core.tl.elementary``, scalar code). No lane stores
 where another lane reads within a pass, so the only barriers are between passes. The
 token count, the sequence count and the tokens per sequence are runtime values.
 """

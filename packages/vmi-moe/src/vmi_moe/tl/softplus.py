@@ -13,12 +13,10 @@ vmi-core, so a kernel gives the same bits on every target and the torch twins of
 
 How the pieces lower (TileLang 0.1.15, read from the generated source):
 
-* ``exp`` / ``log1p``: ``vmi_core.tl.exp.exp_cr`` and ``vmi_core.tl.log1p.log1p``, correctly
-  rounded (to nearest even, subnormal results kept) from fp32 add, sub, mul, fma, int32 operations
-  and selects, inlined at the call site: no ``expf``/``log1pf`` or other library or hardware
-  transcendental on any target (``vmi_core.tools.source_checks.transcendental_calls``). Not
-  ``vmi_core.tl.exp.exp``, which on a vector register means the Ascend ``vexp``; these macros take
-  scalar lane values only.
+* ``exp`` / ``log1p``: ``vmi_core.tl.elementary``'s, correctly rounded (to nearest even,
+  subnormal results kept) from fp32 add, sub, mul, fma, int32 operations and selects, called as
+  functions the kernel defines: no ``expf``/``log1pf`` or other library or hardware
+  transcendental on any target (``vmi_core.tools.source_checks.transcendental_calls``).
 * Fused multiply-add: ``T.call_pure_extern("float32", "fmaf", a, b, c)``, i.e. a call
   of ``fmaf``: C's (libm, correctly rounded) on ``cpu``, the CUDA math library's (one
   ``fma.rn.f32``) on ``cuda`` and the SIMT API's (``__fma``) in the ``__simt_vf__``
@@ -41,9 +39,8 @@ from __future__ import annotations
 import tilelang.language as T
 
 from vmi_core.targets import get_flavor
-from vmi_core.tl.exp import exp_cr
+from vmi_core.tl.elementary import exp, log1p
 from vmi_core.tl.formats import f32_const
-from vmi_core.tl.log1p import log1p
 from vmi_core.tl.simd import fma
 
 SQRT_LN2 = 0.8325546383857727
@@ -85,7 +82,7 @@ def sqrt_softplus_forward_cuda(x):
     below ~-87.3, kept). Both branches are computed, then selected.
     """
     sp = T.alloc_var(T.float32)
-    sp = T.if_then_else(x > f32_const(CUDA_THRESHOLD), x, log1p(exp_cr(x)))
+    sp = T.if_then_else(x > f32_const(CUDA_THRESHOLD), x, log1p(exp(x)))
     return T.sqrt(sp)
 
 
@@ -109,7 +106,7 @@ def sqrt_softplus_forward_ascend(x):
     r0 = T.alloc_var(T.float32)
     rho = T.alloc_var(T.float32)
     r1 = T.alloc_var(T.float32)
-    a = exp_cr(T.abs(x) * f32_const(-0.5))                   # 1. a = e^(-|x|/2)
+    a = exp(T.abs(x) * f32_const(-0.5))                   # 1. a = e^(-|x|/2)
     t = a * a
     t = f32_const(1.0) - t                                   # 2. t = 1 - e^(-|x|)
     g = fma(t, horner_fma(ASCEND_P, t), f32_const(SQRT_LN2))  # 3-4. g = sqrt(ln(1 + q) / q)
@@ -134,7 +131,7 @@ def _backward(y):
     u = y * y
     h = f32_const(0.5) * y
     small = fma(u * horner_fma(BACKWARD_Q, u), h, h)   # A: (y/2) (1 + u Q(u))
-    large = ((f32_const(1.0) - exp_cr(-u)) / y) * f32_const(0.5)  # B: (1 - e^(-u)) / (2y)
+    large = ((f32_const(1.0) - exp(-u)) / y) * f32_const(0.5)  # B: (1 - e^(-u)) / (2y)
     return T.if_then_else(u < f32_const(1.0), small, large)
 
 

@@ -18,9 +18,10 @@ strides are runtime values. Per tile:
    ``per_token_cast``'s rule (``kernels.common.scale_from_amax``) and the E4M3 codes;
 6. the SF of the tile into any layout (0 on padding rows) and the weight gradient; DMA out.
 
-On Ascend, phases 3-5 run as explicit vector code in one SIMD region (``vmi_core.tl.vector``);
-phases 2 and 6 run in SIMT regions, since they read and write global memory at computed
-addresses (``psum`` entries, weights, scales, SF words of any layout).
+On Ascend, phase 3 runs in a SIMT region (its ``exp`` is a function of scalar lanes,
+``vmi_core.tl.elementary``), phases 4-5 as explicit vector code in a SIMD region
+(``vmi_core.tl.vector``), phases 2 and 6 in SIMT regions, since they read and write global
+memory at computed addresses (``psum`` entries, weights, scales, SF words of any layout).
 """
 
 
@@ -33,9 +34,9 @@ from tvm import tirx
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
-from vmi_core.tl.exp import exp
+from vmi_core.tl.elementary import exp
 from vmi_core.tl.shell import SIMD, SIMT, Shell
-from vmi_core.tl.simd import LANES, Pred, Vec, fma, keep, select
+from vmi_core.tl.simd import LANES, fma, keep, select
 from vmi_core.tl.vector import decode
 from vmi_quant.sf_layout import SFLayout, align, sf_address
 
@@ -142,12 +143,9 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
 
     scale_domain = (BM, align(groups, LANES) if sh.is_ascend else groups)
 
-    def either(p, q):
-        return p | q if isinstance(p, Pred) else tirx.Or(p, q)
-
     def divide(num, den):
-        # The ascend flavor's division is the vector unit's (the vector form is that instruction).
-        return F.flavor_quotient(num, den, spec.flavor == "ascend", isinstance(den, Vec))
+        # Scalar lanes: the ascend flavor's division is the vector unit's, modelled.
+        return F.flavor_quotient(num, den, spec.flavor == "ascend", False)
 
     def out_value(v):
         return F.f32_to_bf16(v) if spec.out_fmt == "bf16" else v
@@ -181,8 +179,8 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
             inner = keep(one + keep(a_c * one_minus_s))
         zero_a, zero_b = invalid, invalid
         if spec.clamp:
-            zero_a = either(a > clamp, zero_a)
-            zero_b = either(either(b > clamp, b < -clamp), zero_b)
+            zero_a = tirx.Or(a > clamp, zero_a)
+            zero_b = tirx.Or(tirx.Or(b > clamp, b < -clamp), zero_b)
         d_a = keep(select(zero_a, zero, keep(gws * b_c) * inner))
         d_b = keep(select(zero_b, zero, gws * a_c))
         values = [out_value(d_a), out_value(d_b)]
@@ -234,10 +232,12 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
                 sb[i, g] = XSF[T.min(row0 + i, M - 1), groups + g]
 
     @T.macro
-    def backward(xa, xb, sa, sb, gt, w_row, valid_row, clamp, outs, act_f, weight_sum):
+    def backward(xa, xb, sa, sb, gt, w_row, valid_row, clamp, outs):
         sh.elementwise((BM, H), lambda at: backward_terms(xa, xb, sa, sb, gt, w_row, valid_row, clamp, at), outs)
-        if spec.weights:
-            sh.row_sum(weight_sum, (BM, H), lambda at: (decode(spec.grad_fmt, at, gt), at.load(act_f)), fused=True)
+
+    @T.macro
+    def weight_row_sums(gt, act_f, weight_sum):
+        sh.row_sum(weight_sum, (BM, H), lambda at: (decode(spec.grad_fmt, at, gt), at.load(act_f)), fused=True)
 
     @T.macro
     def quantize_half(v, amax, sf_val, sf_inv, q):
@@ -301,8 +301,11 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
                 sh.copy(G[row0, 0], gt)
                 with sh.vector(SIMT):
                     row_setup(TOPK, PSUM, XSF, w_row, valid_row, sa, sb, row0, row_base, alignment, rsf)
+                with sh.vector(SIMT):
+                    backward(xa, xb, sa, sb, gt, w_row, valid_row, clamp, tuple(outs))
                 with sh.vector(SIMD):
-                    backward(xa, xb, sa, sb, gt, w_row, valid_row, clamp, tuple(outs), act_f, weight_sum)
+                    if spec.weights:
+                        weight_row_sums(gt, act_f, weight_sum)
                     if quantized:
                         quantize_half(va, amax, sfv_a, inv_a, qa)
                         quantize_half(vb, amax, sfv_b, inv_b, qb)

@@ -15,8 +15,9 @@ runtime values. Per tile:
 5. DMA the data tile out (at ``(k0, row0)`` of the ``(H, T)`` output when transposed) and the
    fp32 SF tile.
 
-On Ascend, phases 2-4 run as explicit vector code in a SIMD region; with the transpose, phase 4
-writes its codes at transposed positions and runs in a SIMT region.
+On Ascend, phase 2 runs in a SIMT region (its ``exp`` is a function of scalar lanes,
+``vmi_core.tl.elementary``), phases 3-4 as explicit vector code in a SIMD region; with the
+transpose, phase 4 writes its codes at transposed positions and runs in a SIMT region.
 """
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import tilelang.language as T
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
-from vmi_core.tl.exp import exp
+from vmi_core.tl.elementary import exp
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, keep, maximum
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store
@@ -72,10 +73,11 @@ def build_swiglu_per_channel(spec: SwigluPerChannelSpec, target: str):
         a, b = decode("bf16", at, xl), decode("bf16", at, xr)
         if spec.with_clamp:
             a, b = clamp_gate_up(a, b, clamp)
-        # The exp stays in the fused phase (a lane exp): the fp32 (BM, BK) tiles of Shell.exp, which
-        # swiglu_forward uses, would not fit the Ascend UB beside this kernel's tiles.
+        # The exp stays in the fused phase, on scalar lanes (a SIMT region on Ascend): the fp32
+        # (BM, BK) tiles of Shell.exp, which swiglu_forward uses, would not fit the Ascend UB beside
+        # this kernel's tiles.
         a = keep(a)
-        y = silu_quotient(a, exp(-a), spec.flush_division, sh.in_simd) * b
+        y = silu_quotient(a, exp(-a), spec.flush_division, False) * b
         return F.f32_to_bf16(canonical_nan(y))
 
     def channel_value(tile, at):
@@ -103,8 +105,11 @@ def build_swiglu_per_channel(spec: SwigluPerChannelSpec, target: str):
         phase_barrier()
 
     @T.macro
-    def activation_and_scales(xl, xr, clamp, act, amax, sf_val, sf_inv):
+    def activations(xl, xr, clamp, act):
         sh.elementwise((BM, BK), lambda at: activation(xl, xr, clamp, at), act)
+
+    @T.macro
+    def scales(act, amax, sf_val, sf_inv):
         if sh.in_simd:
             column_amax_registers(act, amax)
         else:
@@ -146,8 +151,10 @@ def build_swiglu_per_channel(spec: SwigluPerChannelSpec, target: str):
                 sh.buffer_versions({xl: 2, xr: 2, q: 2})
                 sh.copy(X[row0, k0], xl)
                 sh.copy(X[row0, H + k0], xr)
+                with sh.vector(SIMT):
+                    activations(xl, xr, clamp, act)
                 with sh.vector(SIMD):
-                    activation_and_scales(xl, xr, clamp, act, amax, sf_val, sf_inv)
+                    scales(act, amax, sf_val, sf_inv)
                     if not spec.transpose:
                         quantize(act, sf_inv, q)
                 if spec.transpose:

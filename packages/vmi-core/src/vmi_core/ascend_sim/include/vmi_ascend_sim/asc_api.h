@@ -23,6 +23,7 @@
 #define __vector__
 #define __aicore__
 #define __simt_vf__
+#define __simt_callee__  // a function a SIMT region calls [SIMT]
 #define __launch_bounds__(n)
 
 typedef unsigned int uint;

@@ -799,14 +799,6 @@ VMI_ASCEND_SIM_BINARY(vdiv, asc_div, (std::is_same_v<T, float>),
 // a negative operand gives NaN. TileLang's default vsqrt is this instruction.
 VMI_ASCEND_SIM_UNARY(vsqrt, asc_sqrt, (std::is_same_v<T, float>),
                      ascend_sim::canonical(std::sqrt(ascend_sim::flush(a.lane[i]))))
-// The exponential instruction [R arithmetic_compute/asc_exp; RC 基础算术/Exp]: float only here,
-// operand and result flushed to zero (the bare SFU: TileLang's ftz_false wrapper exists because
-// it flushes), the result correctly rounded (ASSUMPTION: CANN's name for the precise path is
-// 1 ulp; correctly rounded is the model, from the float64 exponential). TileLang's default vexp
-// is this instruction.
-VMI_ASCEND_SIM_UNARY(vexp, asc_exp, (std::is_same_v<T, float>),
-                     ascend_sim::canonical(ascend_sim::flush(
-                         (float)std::exp((double)ascend_sim::flush(a.lane[i])))))
 // [R logic_compute/asc_and, asc_or, asc_xor, asc_shiftleft, asc_shiftright]
 VMI_ASCEND_SIM_BINARY(vand, asc_and, ascend_sim::is_int_lane<T>, (T)(a.lane[i] & b.lane[i]))
 VMI_ASCEND_SIM_BINARY(vor, asc_or, ascend_sim::is_int_lane<T>, (T)(a.lane[i] | b.lane[i]))
