@@ -25,6 +25,7 @@ import functools
 import tilelang.language as T
 
 from . import exp as E
+from .exact import keep_flat
 from .formats import f32_const
 from .lane_c import QUALIFIER_DEFINITION, c_function
 from .log1p import log1p as _log1p
@@ -35,7 +36,7 @@ _HARD = -1.0
 
 
 def _fast_or_mark(x):
-    y, hard = E.exp_with_flag(E.keep_flat(x))
+    y, hard = E.exp_with_flag(keep_flat(x))
     return select(hard, f32_const(_HARD), y)
 
 
@@ -84,19 +85,6 @@ def exp(x):
 def log1p(x):
     """``log(1 + x)`` of an fp32 scalar lane value, correctly rounded (``vmi_log1p``)."""
     return call("vmi_log1p", x)
-
-
-def exp_each(values: list) -> list:
-    """``exp`` of several fp32 lane values through one call site: the values pass through a per-lane
-    local array and one loop. The C compilers inline the function at every call site, and inlined
-    once per value, a kernel with many exps costs minutes of C++/CUDA compilation (the 16 of a
-    Sinkhorn softmax: over 100 s per kernel)."""
-    lanes = T.alloc_local((len(values),), "float32")
-    for i, v in enumerate(values):
-        T.buffer_store(lanes, v, [i])
-    with T.serial(len(values)) as i:
-        T.buffer_store(lanes, exp(lanes[i]), [i])
-    return [keep(lanes[i]) for i in range(len(values))]
 
 
 @T.macro

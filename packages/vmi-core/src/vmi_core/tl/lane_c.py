@@ -17,17 +17,18 @@ generators print it on every target.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import tilelang.language as T
 from tvm import tirx
 
-# What a function is declared as, per compiler: nvcc (cuda), AscendC's bisheng for the device
-# (``__NPU_ARCH__``, a predefined macro; a SIMT region may call only ``__simt_callee__``
-# functions), and C++ elsewhere (cpu, ascend-sim): C linkage, since TileLang's C code generator
-# declares an extern call ``extern "C"``, and always inlined, since GCC vectorizes the calling loop
-# only with the body inlined and its size limits would otherwise keep it a call.
+# What a function is declared as, per compiler: nvcc (cuda); AscendC's bisheng for the device
+# (``__NPU_ARCH__``, a predefined macro, which ascend-sim's model defines too; a SIMT region may call
+# only ``__simt_callee__`` functions); C++ elsewhere (cpu): C linkage, since TileLang's C code
+# generator declares an extern call ``extern "C"``, and always inlined, since GCC vectorizes the
+# calling loop only with the body inlined and its size limits would otherwise keep it a call.
 QUALIFIER = "VMI_LANE_FUNCTION"
 QUALIFIER_DEFINITION = f"""#ifndef {QUALIFIER}
 #if defined(__CUDACC__)
@@ -126,8 +127,8 @@ class _Printer:
         if isinstance(node, tirx.BufferLoad):
             return self.names.get(node.buffer.data) or self.name(node.buffer)
         if isinstance(node, tirx.FloatImm):
-            if str(node.dtype) != "float32":
-                raise TypeError(f"lane functions take float32 literals, not {node.dtype}")
+            if str(node.dtype) != "float32" or not math.isfinite(node.value):
+                raise TypeError(f"lane functions take finite float32 literals, not {node.dtype} {node.value}")
             return f"{float(node.value).hex()}f"
         if isinstance(node, tirx.IntImm):
             if str(node.dtype) == "bool":

@@ -411,17 +411,20 @@ def cpu_vectorized_loops(src: str, timeout: float = 300.0) -> list[str] | None:
 
 def cpu_loop_vectorizes(src: str, marker: str, timeout: float = 300.0) -> bool | None:
     """Whether GCC vectorizes the innermost loop of the cpu kernel source ``src`` around the first line
-    that contains ``marker`` (None when the host C++ compiler is not GCC)."""
-    lines = src.splitlines()
-    line = next(i for i, text in enumerate(lines) if marker in text)
-    depth = 0
-    for header in range(line, -1, -1):  # back to the ``for`` whose block holds the marker
-        depth += lines[header].count("}") - lines[header].count("{")
-        if depth < 0:  # the opening line of a block that holds the marker
-            if lines[header].lstrip().startswith("for ("):
-                break
-            depth = 0
-    else:
-        raise ValueError(f"no loop around {marker!r}")
+    in a loop that contains ``marker`` (None when the host C++ compiler is not GCC)."""
+    header = _loop_around(src.splitlines(), marker)
     numbers = _vectorized_lines(src, timeout)
     return None if numbers is None else header + 1 in numbers
+
+
+def _loop_around(lines: list[str], marker: str) -> int:
+    """The line of the ``for`` whose block holds the first line in a loop that contains ``marker``."""
+    for line in (i for i, text in enumerate(lines) if marker in text):
+        depth = 0
+        for header in range(line, -1, -1):  # back to the ``for`` whose block holds the marker
+            depth += lines[header].count("}") - lines[header].count("{")
+            if depth < 0:  # the opening line of a block that holds the marker
+                if lines[header].lstrip().startswith("for ("):
+                    return header
+                depth = 0
+    raise ValueError(f"no loop around {marker!r}")
