@@ -4,8 +4,9 @@ Used for the pre and post mixes (``pre_split_mixes``) and, bit for bit, by the o
 repeat them (``head_compute_mix``, ``pre_big_fuse``). CUDA writes ``1 / (1 + exp(-z))`` and Ascend
 ``1 / (exp(0 - z) + 1)``: the same bits given the same exp (``0 - z`` and ``-z`` differ only for
 ``z = +0``, where exp gives 1 either way; the addition commutes). The exp is the correctly
-rounded one of ``vmi_core.tl.elementary`` (torch twin ``vmi_core.fp32.exp``), on scalar lanes
-(``sigmoid``), or taken a tile at a time by the caller (``Shell.exp``, then ``sigmoid_of_exp``).
+rounded one of ``vmi_core.tl.elementary`` (torch twin ``vmi_core.fp32.exp``), which the kernels
+take a tile at a time (``Shell.exp``: on Ascend a SIMT phase between their SIMD phases) before
+``sigmoid_of_exp``.
 
 The division is the flavor's: IEEE on the ``cuda`` flavor; on the ``ascend`` flavor the Ascend
 vector division (``vmi_core.tl.formats.ascend_quotient``: subnormal results flushed to the zero
@@ -16,19 +17,12 @@ by an ulp), which SIMD regions run and scalar code models. The torch twin is
 
 from __future__ import annotations
 
-from vmi_core.tl.elementary import exp
 from vmi_core.tl.formats import flavor_quotient
 from vmi_core.tl.simd import keep
 
 
-def sigmoid(z, flush_division: bool):
-    """``fl(1 / fl(exp(-z) + 1))`` of an fp32 scalar lane value ``z``; ``flush_division``: the
-    ``ascend`` flavor's division, modelled."""
-    return sigmoid_of_exp(exp(-z), flush_division, False)
-
-
 def sigmoid_of_exp(exp_neg_z, flush_division: bool, in_simd: bool):
-    """``σ(z)`` given ``exp(-z)``, as a kernel that takes its exps a tile at a time has it
-    (``Shell.exp``); ``flush_division``: the ``ascend`` flavor's division, modelled outside SIMD
-    regions (``in_simd`` False) and the vector division itself inside them."""
+    """``σ(z) = fl(1 / fl(exp(-z) + 1))`` of an fp32 lane value, given ``exp(-z)``; ``flush_division``:
+    the ``ascend`` flavor's division, modelled outside SIMD regions (``in_simd`` False) and the vector
+    division itself inside them."""
     return flavor_quotient(1.0, keep(exp_neg_z + 1.0), flush_division, in_simd)
