@@ -303,12 +303,13 @@ def build_swiglu_backward(spec: SwigluBackwardSpec, target: str):
                     row_setup(TOPK, PSUM, XSF, w_row, valid_row, sa, sb, row0, row_base, alignment, rsf)
                 with sh.vector(SIMT):
                     backward(xa, xb, sa, sb, gt, w_row, valid_row, clamp, tuple(outs))
-                with sh.vector(SIMD):
-                    if spec.weights:
-                        weight_row_sums(gt, act_f, weight_sum)
-                    if quantized:
-                        quantize_half(va, amax, sfv_a, inv_a, qa)
-                        quantize_half(vb, amax, sfv_b, inv_b, qb)
+                if spec.weights or quantized:
+                    with sh.vector(SIMD):
+                        if spec.weights:
+                            weight_row_sums(gt, act_f, weight_sum)
+                        if quantized:
+                            quantize_half(va, amax, sfv_a, inv_a, qa)
+                            quantize_half(vb, amax, sfv_b, inv_b, qb)
                 if spec.weights or quantized:
                     with sh.vector(SIMT):
                         store_rows(WG, SF, valid_row, weight_sum, sfv_a, sfv_b, row0, rsf, sf_sm, sf_sk)
