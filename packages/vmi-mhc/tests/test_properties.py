@@ -30,7 +30,7 @@ untouched (in-place accumulation buffers are always given so). Per op, beyond th
 * head_compute_mix: ``n`` 1-16, ``num_sms`` 1 to 2^20, ``token_block_size``, ``mhc_pre_eps``;
 * pre_big_fuse: ``H`` 1 to 4160, ``rms_eps`` 0 and positive, ``n_splits`` 1-64 and every runtime
   scalar as for the unfused ops;
-* multilayer_recompute: ``n`` 1-8, ``L`` 1, 2, 3, 10 and 16 with ``L_post = L`` and ``L - 1``,
+* multilayer_recompute: ``n`` 1-8, ``L`` 1-16 with ``L_post = L`` or ``L - 1``,
   ``H`` 1 to 8300, mixes ``(..., n, 1)`` or ``(..., n)``, leading dimensions ``(T,)`` or ``(B, S)``,
   input and output lists as layers of one buffer or separate tensors.
 
@@ -56,6 +56,8 @@ from vmi_core.formats import f32_from_bits
 from vmi_core.tools.testing import assert_bitwise_equal, generator, randn
 from vmi_devkit.strategies import (
     Guarded,
+    assert_every_option_value_drawn,
+    drawn_values,
     few_settings,
     float_matrix,
     load_profile,
@@ -955,8 +957,8 @@ def test_mhc_pre_big_fuse_fwd_slow(data):
 
 # --- multilayer_recompute ---------------------------------------------------------------------------------------------
 
-# Kernels: (n, H, L, L_post, flavor). Every n from 1 to 8, L from 1 to 16 with L_post = L and L - 1,
-# hidden sizes from one column to several tiles.
+# Kernels: (n, H, L, L_post, flavor). Every n from 1 to 8, every L from 1 to 16 (1, 10 and 16 with
+# L_post = L and L - 1), hidden sizes from one column to several tiles.
 MULTILAYER_DEFAULT = [(4, 1000, 3, 2, flavor) for flavor in FLAVORS]
 MULTILAYER_ALL = (
     MULTILAYER_DEFAULT
@@ -964,7 +966,8 @@ MULTILAYER_ALL = (
                                                             (16, 16)) for flavor in FLAVORS]
     + [(4, 1000, 16, 15, "ascend")]
     + [(n, 320, 3, 2, "cuda") for n in (1, 2, 3, 8)] + [(n, 320, 3, 2, "ascend") for n in (5, 6, 7)]
-    + [(4, h, 3, 2, "ascend") for h in (1, 64, 96, 8300)] + [(4, 8300, 3, 2, "cuda")])
+    + [(4, h, 3, 2, "ascend") for h in (1, 64, 96, 8300)] + [(4, 8300, 3, 2, "cuda")]
+    + [(4, 320, layers, layers - layers % 2, FLAVORS[layers % 2]) for layers in (4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15)])
 
 
 def layer_list(data, count: int, shape, dtype, nonfinite: bool, label: str) -> list[torch.Tensor]:
@@ -1028,3 +1031,29 @@ def test_mhc_multilayer_recompute(data):
 @given(st.data())
 def test_mhc_multilayer_recompute_slow(data):
     check_multilayer(data, MULTILAYER_ALL, SLOW_BUDGET)
+
+
+# --- what the slow twins draw ---------------------------------------------------------------------------------------
+
+# Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
+# (from the case tables they sample; n_splits of the reduction and pre_big_fuse from st.integers(1, 64));
+# a documented value no twin draws fails the test below.
+DRAWN = {
+    "expand_to_mhc_fwd": {"mhc_mult": EXPAND_ALL},
+    "expand_to_mhc_bwd": {"mhc_mult": EXPAND_ALL},
+    "mhc_pre_apply_mix_fwd": {"mhc_mult": PAM_FWD_ALL},
+    "mhc_pre_apply_mix_bwd": drawn_values(PAM_BWD_ALL, mhc_mult=lambda c: c[0]),
+    "mhc_post_fwd": drawn_values(POST_FWD_ALL, mhc_mult=lambda c: c[0]),
+    "mhc_reduce_partials_and_rmsnorm_fwd": {"n_splits": range(1, 65)},
+    "mhc_pre_norm_fn_gemm_fwd": drawn_values(GEMM_FWD_ALL, mix=lambda c: c[1], n_splits=lambda c: c[2]),
+    "mhc_pre_norm_fn_gemm_bwd": drawn_values(GEMM_BWD_ALL, mix=lambda c: c[1]),
+    "mhc_head_compute_mix_fwd": drawn_values(HEAD_ALL, mhc_mult=lambda c: c[0]),
+    "mhc_head_compute_mix_bwd": drawn_values(HEAD_ALL, mhc_mult=lambda c: c[0]),
+    "mhc_pre_big_fuse_fwd": {"n_splits": range(1, 65)},
+    "mhc_multilayer_recompute": drawn_values(MULTILAYER_ALL, mhc_mult=lambda c: c[0], num_layers=lambda c: c[2],
+                                             last_post=lambda c: c[3] == c[2]),
+}
+
+
+def test_the_slow_twins_draw_every_documented_option_value():
+    assert_every_option_value_drawn(DRAWN)

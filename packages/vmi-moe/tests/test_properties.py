@@ -40,7 +40,13 @@ from vmi_devkit.cases.moe_cases import (
     run_reference,
 )
 from vmi_devkit.cases.moe_cases import with_ties as tie_rows
-from vmi_devkit.strategies import load_profile, seeds, slow_settings
+from vmi_devkit.strategies import (
+    assert_every_option_value_drawn,
+    drawn_values,
+    load_profile,
+    seeds,
+    slow_settings,
+)
 from vmi_moe import normalize_weight, topk_gate
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import stable_topk
@@ -90,7 +96,7 @@ def one_nonfinite(data, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | N
 
 TOPK_DEFAULT = [(72, 6), (36, 32)]
 TOPK_ALL = [(256, 8), (384, 6), (72, 6), (36, 1), (36, 32), (32, 6), (64, 6), (96, 6), (16, 6), (108, 6), (128, 6),
-            (144, 6), (384, 8), (500, 32), (33, 32), (1, 1)]
+            (144, 6), (384, 8), (500, 32), (33, 32), (1, 1), (72, 2), (36, 4), (256, 16)]
 
 
 def check_topk_gate(data, sizes):
@@ -144,6 +150,9 @@ def check_normalize_weight(data, topks, flavors):
     assert_bitwise_equal(n, ref_n, f"K={K} {flavor} T={T} weights")
 
 
+NORMALIZE_TOPK_ALL = list(range(1, 33))
+
+
 @given(st.data())
 def test_normalize_weight(data):
     check_normalize_weight(data, [6, 9], ["ascend", "cuda"])
@@ -153,7 +162,7 @@ def test_normalize_weight(data):
 @slow_settings()
 @given(st.data())
 def test_normalize_weight_slow(data):
-    check_normalize_weight(data, [1, 2, 6, 8, 9, 16, 31, 32], ["ascend", "cuda"])
+    check_normalize_weight(data, NORMALIZE_TOPK_ALL, ["ascend", "cuda"])
 
 
 # --- moe_topk_gate_forward -------------------------------------------------------------------------------------------
@@ -170,6 +179,9 @@ GATE_ALL = [
     GateCase(36, 6, S=2, flavor="cuda", image=True, unmapped=True),
     GateCase(72, 1, S=1, dup=3, flavor="cuda", mask=True, force=True),
     GateCase(36, 32, flavor="ascend", fixed=True, force=True),
+    GateCase(72, 2, flavor="ascend", bias=True),
+    GateCase(64, 4, S=1, flavor="cuda", mask=True),
+    GateCase(256, 16, S=2, flavor="ascend", bias=True, force=True),
 ]
 
 
@@ -236,3 +248,20 @@ def test_moe_topk_gate_backward(data):
 @given(st.data())
 def test_moe_topk_gate_backward_slow(data):
     check_backward(data, BACKWARD_CASES + BACKWARD_FULL_CASES)
+
+
+# --- what the slow twins draw ---------------------------------------------------------------------------------------
+
+# Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
+# (from the case tables they sample); a documented value no twin draws fails the test below.
+DRAWN = {
+    "topk_gate": drawn_values(TOPK_ALL, num_topk=lambda c: c[1]),
+    "normalize_weight": {"num_topk": NORMALIZE_TOPK_ALL},
+    "moe_topk_gate_forward": drawn_values(GATE_ALL, num_topk=lambda c: c.K, num_shared_experts=lambda c: c.S,
+                                          bias=lambda c: c.bias, mask=lambda c: c.mask),
+    "moe_topk_gate_backward": drawn_values(BACKWARD_CASES + BACKWARD_FULL_CASES, num_topk=lambda c: c.K),
+}
+
+
+def test_the_slow_twins_draw_every_documented_option_value():
+    assert_every_option_value_drawn(DRAWN)

@@ -26,6 +26,8 @@ from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.cases import cast_cases, pbc_cases, pbcl_cases, ptc_cases, ptccb_cases
 from vmi_devkit.strategies import (
     Guarded,
+    assert_every_option_value_drawn,
+    drawn_values,
     float_matrix,
     guarded_like,
     hidden_sizes,
@@ -403,3 +405,47 @@ def test_per_block_cast_lossless(data):
 @given(st.data())
 def test_per_block_cast_lossless_slow(data):
     check_per_block_cast_lossless(data, PBCL_ALL)
+
+
+# --- what the slow twins draw ---------------------------------------------------------------------------------------
+
+def _ptc_sf(case, option):
+    return ptc_cases.sf_options(case[3], case[4])[option]
+
+
+# Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
+# (from the case tables they sample); a documented value no twin draws fails the test below.
+DRAWN = {
+    "cast": drawn_values(CAST_ALL, in_dtype=lambda c: c[0], dtype=lambda c: c[1],
+                         stochastic_rounding=lambda c: c[2]),
+    "cast_back": {
+        **drawn_values(CAST_BACK_ALL, x_fmt=lambda c: c[0], fmt=lambda c: c[4], block_m=lambda c: c[1][0],
+                       block_k=lambda c: c[1][1], use_tma_aligned_col_major_sf=lambda c: c[3],
+                       use_packed_ue8m0=lambda c: cast_cases.SF_MODES[c[2]][1],
+                       use_e4m3_sf=lambda c: cast_cases.SF_MODES[c[2]][2]),
+        "round_sf": {False, True},  # drawn for fp32 SF, implied by packed SF
+    },
+    "per_token_cast": {
+        **drawn_values(PTC_ALL, in_dtype=lambda c: c[0], fmt=lambda c: c[1], num_per_channels=lambda c: c[2],
+                       round_sf=lambda c: _ptc_sf(c, "round_sf"),
+                       use_packed_ue8m0=lambda c: _ptc_sf(c, "use_packed_ue8m0"),
+                       use_e4m3_sf=lambda c: _ptc_sf(c, "use_e4m3_sf"),
+                       use_tma_aligned_col_major_sf=lambda c: _ptc_sf(c, "use_tma_aligned_col_major_sf")),
+        "stochastic_cast": {False, True},
+    },
+    "per_token_cast_and_cast_back": drawn_values(
+        PTCCB_ALL, in_dtype=lambda c: c[0], fmt=lambda c: c[1], num_per_channels=lambda c: c[2],
+        round_sf=lambda c: ptccb_cases.SF_MODES[c[3]][0], use_e4m3_sf=lambda c: ptccb_cases.SF_MODES[c[3]][1]),
+    "per_block_cast": drawn_values(
+        PBC_ALL, in_dtype=lambda c: c[0], fmt=lambda c: c[1], block_m=lambda c: c[2][0], block_k=lambda c: c[2][1],
+        round_sf=lambda c: pbc_cases.SF_MODES[c[3]][0], use_packed_ue8m0=lambda c: pbc_cases.SF_MODES[c[3]][1],
+        use_tma_aligned_col_major_sf=lambda c: c[4]),
+    "per_block_cast_lossless": drawn_values(
+        PBCL_ALL, x_block_m=lambda c: c[0][0], x_block_k=lambda c: c[0][1], out_block_m=lambda c: c[2][0],
+        out_block_k=lambda c: c[2][1], use_tma_aligned_col_major_sf=lambda c: pbcl_cases.SF_MODES[c[3]][0],
+        use_packed_ue8m0=lambda c: pbcl_cases.SF_MODES[c[3]][2]),
+}
+
+
+def test_the_slow_twins_draw_every_documented_option_value():
+    assert_every_option_value_drawn(DRAWN)

@@ -41,6 +41,8 @@ from vmi_devkit.cases import (
 from vmi_devkit.strategies import (
     SENTINEL,
     Guarded,
+    assert_every_option_value_drawn,
+    drawn_values,
     few_settings,
     float_matrix,
     guarded_like,
@@ -713,3 +715,60 @@ def test_batched_transpose_weight_sf(data):
 @given(st.data())
 def test_batched_transpose_weight_sf_slow(data):
     check_batched_transpose_weight_sf(data, TRANSPOSE_ALL)
+
+
+# --- what the slow twins draw ---------------------------------------------------------------------------------------
+
+def _sf_layout(layout: str, option: str) -> bool:
+    return swiglu_backward_cases.SF_OPTIONS[layout].get(option, False)
+
+
+_SWIGLU_FORWARD_PLAIN = [c for c in SWIGLU_FORWARD_ALL if c[1] != "e4m3"]
+_SWIGLU_FORWARD_E4M3 = [c for c in SWIGLU_FORWARD_ALL if c[1] == "e4m3"]
+_SWIGLU_BACKWARD_PLAIN = [(c, fmt) for c, fmt in SWIGLU_BACKWARD_ALL if fmt != "e4m3"]
+_SWIGLU_BACKWARD_E4M3 = [c for c, fmt in SWIGLU_BACKWARD_ALL if fmt == "e4m3"]
+_SWIGLU_BACKWARD_EXPERT_PATH = dict(weights=lambda c: c[5], clamp=lambda c: c[7] is not None,
+                                    do_recompute=lambda c: c[8], psum=lambda c: c[9])
+
+# Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
+# (from the case tables they sample); a documented value no twin draws fails the test below.
+DRAWN = {
+    "per_channel_cast": drawn_values(
+        PCC_ALL, in_dtype=lambda c: c[0], num_per_channels=lambda c: c[1], num_per_tokens=lambda c: c[3],
+        round_sf=lambda c: pcc_cases.OUT_SF[c[4]][0], use_packed_ue8m0=lambda c: pcc_cases.OUT_SF[c[4]][1]),
+    "norm_forward": drawn_values(NORM_ALL, in_dtype=lambda c: c[0], use_weight=lambda c: c[2],
+                                 use_residual=lambda c: c[3]),
+    "norm_forward_and_per_token_cast": drawn_values(
+        NORM_CAST_ALL, in_dtype=lambda c: c[0], use_weight=lambda c: c[2], use_residual=lambda c: c[3],
+        use_tma_aligned_col_major_sf=lambda c: c[6], round_sf=lambda c: c[7], use_packed_ue8m0=lambda c: c[8],
+        with_out_bf16=lambda c: c[9]),
+    "norm_backward": drawn_values(NORM_BACKWARD_ALL, in_dtype=lambda c: c[0], weight_grad_dtype=lambda c: c[2],
+                                  with_residual_grad=lambda c: c[3], scaled=lambda c: c[4] != 1.0),
+    "swiglu_forward": drawn_values(_SWIGLU_FORWARD_PLAIN, fmt=lambda c: c[1], in_dtype=lambda c: c[0],
+                                   weights=lambda c: c[5] != "none", clamp=lambda c: c[6] is not None),
+    "swiglu_forward_and_per_token_cast": drawn_values(
+        _SWIGLU_FORWARD_E4M3, num_per_channels=lambda c: c[2], in_dtype=lambda c: c[0],
+        weights=lambda c: c[5] != "none", clamp=lambda c: c[6] is not None,
+        use_tma_aligned_col_major_sf=lambda c: swiglu_forward_cases.SF_MODES[c[3]][0],
+        round_sf=lambda c: swiglu_forward_cases.SF_MODES[c[3]][1],
+        use_packed_ue8m0=lambda c: swiglu_forward_cases.SF_MODES[c[3]][2]),
+    "swiglu_forward_and_per_channel_cast_and_transpose": drawn_values(
+        SWIGLU_PER_CHANNEL_ALL, num_per_tokens=lambda c: c[0], round_sf=lambda c: c[1],
+        without_transpose=lambda c: c[2], clamp=lambda c: c[3] is not None),
+    "swiglu_backward": {
+        **drawn_values([c for c, _ in _SWIGLU_BACKWARD_PLAIN], **_SWIGLU_BACKWARD_EXPERT_PATH),
+        "fmt": {fmt for _, fmt in _SWIGLU_BACKWARD_PLAIN},
+    },
+    "swiglu_backward_and_per_token_cast": drawn_values(
+        _SWIGLU_BACKWARD_E4M3, num_per_channels=lambda c: c[2], **_SWIGLU_BACKWARD_EXPERT_PATH,
+        round_sf=lambda c: _sf_layout(c[3], "round_sf"),
+        use_packed_ue8m0=lambda c: _sf_layout(c[3], "use_packed_ue8m0"),
+        use_tma_aligned_col_major_sf=lambda c: _sf_layout(c[3], "use_tma_aligned_col_major_sf")),
+    # transpose_sf1 is drawn per weight (weight_shapes).
+    "batched_transpose_weight_sf": {**drawn_values(TRANSPOSE_ALL, block_size=lambda c: c[0]),
+                                    "transpose_sf1": {False, True}},
+}
+
+
+def test_the_slow_twins_draw_every_documented_option_value():
+    assert_every_option_value_drawn(DRAWN)

@@ -14,6 +14,10 @@ fixed set of option combinations, so few kernels compile) and a ``@pytest.mark.s
 least ``SLOW_EXAMPLES`` cases per op whatever profile is loaded. A default-budget test whose
 examples are costly takes ``few_settings()``: a share of the profile's examples.
 
+Every value an op's ``Command`` options document (each choice, both values of a flag) must be drawn
+by its slow twins: each property module states per op what they draw (``DRAWN``, derived from the
+case tables with ``drawn_values``) and checks it with ``assert_every_option_value_drawn``.
+
 Replaying a failure: paste the printed ``@reproduce_failure("<version>", b"<blob>")`` decorator on
 the failing test, or rerun with the seed the report prints (``pytest --hypothesis-seed=<seed>``);
 examples are also kept in ``.hypothesis/`` and retried first on the next run.
@@ -26,12 +30,14 @@ whole input is a function of the drawn choices and shrinks with them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from vmi_core.formats import f32_from_bits
+from vmi_core.library import KERNEL_OPS
 from vmi_core.tools.testing import generator, randn_with_ties, with_zero_groups
 
 PROFILE_ENV = "VMI_HYPOTHESIS_PROFILE"
@@ -184,3 +190,37 @@ def guarded_like(data, t: torch.Tensor, *, zero: bool = False, label: str = "out
         return None
     pad = data.draw(st.sampled_from([0, 3, 16]), label=f"{label} row padding")
     return Guarded.like(t, pad=pad, zero=zero)
+
+
+# --- option coverage ---------------------------------------------------------------------------------------------
+
+def drawn_values(cases: Iterable, **columns: Callable) -> dict[str, set]:
+    """``{option: the values its column takes over cases}``: what a slow twin that samples ``cases``
+    draws of each option (a column maps a case to the option's value)."""
+    cases = list(cases)
+    return {name: {column(case) for case in cases} for name, column in columns.items()}
+
+
+def undrawn_option_values(drawn: dict[str, dict[str, Iterable]]) -> list[str]:
+    """Each value the ``vmi`` command documents for an op's options (every choice of an option with
+    choices, both values of a flag) that ``drawn[op][option]`` (what the op's slow property twins
+    draw) lacks; also an enumerable option missing from ``drawn[op]`` and a name the op does not
+    declare (a renamed option). Options documented as open ranges (no choices) are not enumerated."""
+    problems = []
+    for op, options in drawn.items():
+        declared = {option.name: option for option in KERNEL_OPS[op].command.options}
+        problems += [f"{op}: {name} is not an option of the op" for name in options if name not in declared]
+        for name, option in declared.items():
+            values = option.choices or ((False, True) if isinstance(option.default, bool) else ())
+            if values and name not in options:
+                problems.append(f"{op}: {name} is not listed")
+            elif values:
+                problems += [f"{op}: {name}={value!r} is never drawn" for value in values
+                             if value not in set(options[name])]
+    return problems
+
+
+def assert_every_option_value_drawn(drawn: dict[str, dict[str, Iterable]]) -> None:
+    """Fail listing every ``undrawn_option_values(drawn)``."""
+    problems = undrawn_option_values(drawn)
+    assert not problems, "documented option values the slow property twins do not draw:\n" + "\n".join(problems)

@@ -50,7 +50,8 @@ CASES = [
 SIM_CASES = [Case(72, 6, "ascend", True)]
 FULL_CASES = [Case(e, k, flavor, aux) for e, k in [(36, 6), (72, 6), (72, 8), (256, 8), (384, 8), (64, 1), (72, 32),
                                                    (384, 32)]
-              for flavor in ("ascend", "cuda") for aux in (False, True)]
+              for flavor in ("ascend", "cuda") for aux in (False, True)] + [
+    Case(72, 2, "cuda", True), Case(64, 4, "ascend", False), Case(256, 16, "cuda", True)]
 
 
 def spec_of(case: Case) -> GateBackwardSpec:

@@ -25,13 +25,26 @@ COVERING = [
     # One input block per output block: the kernel's per-block exponent loops have one iteration.
     ((32, 32), "fp32-row", (32, 32), "fp32-row", "ascend"),
 ]
+BLOCK_PAIRS = [((1, 32), (1, 128)), ((1, 32), (32, 32)), ((1, 32), (128, 128)), ((32, 32), (128, 128)),
+               ((1, 16), (64, 64)), ((1, 32), (1, 32)), ((128, 128), (128, 128))]
+POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def _mode(block: tuple[int, int], index: int) -> str:
+    return "packed-row" if block[1] == 1 else ("fp32-row", "packed-col", "fp32-col", "packed-row")[index % 4]
+
+
 FULL = [case for case in (
     (x_block, x_mode, out_block, out_mode, ("ascend", "cuda")[index % 2])
     for index, ((x_block, out_block), x_mode, out_mode) in enumerate(itertools.product(
-        [((1, 32), (1, 128)), ((1, 32), (32, 32)), ((1, 32), (128, 128)), ((32, 32), (128, 128)),
-         ((1, 16), (64, 64)), ((1, 32), (1, 32)), ((128, 128), (128, 128))],
-        ("fp32-row", "packed-col"), ("fp32-row", "packed-col")))
-    ) if case not in COVERING]
+        BLOCK_PAIRS, ("fp32-row", "packed-col"), ("fp32-row", "packed-col")))
+    ) if case not in COVERING] + [
+    # Every power-of-two block size in each of the four places: (p, 128/p) input blocks into (p, 128)
+    # output blocks, and (1, p) into (128/p, p); an SF packed along tokens (k == 1) is row-major.
+    (x_block, _mode(x_block, index), out_block, _mode(out_block, index + 1), ("ascend", "cuda")[index % 2])
+    for index, (x_block, out_block) in enumerate(
+        pair for p in POWERS for pair in (((p, 128 // p), (p, 128)), ((1, p), (128 // p, p))))
+    if (x_block, out_block) not in BLOCK_PAIRS]
 # ascend-sim lowers each case for Ascend (5-10 s of CPU a kernel), so by default it runs one
 # ascend-flavor case (2-D packed input SF, 128-token tiles, column-major output SF); the other
 # ascend-flavor cases run under slow.
