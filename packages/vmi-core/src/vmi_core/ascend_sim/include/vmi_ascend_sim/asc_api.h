@@ -3,8 +3,8 @@
 // here comes from CANN. An intrinsic that is not modelled here is a compile error.
 //
 // Sources (cited beside each model below):
-//  [D3510]  asc-devkit docs/api/context/c_api/vector_datamove/asc_copy_{gm2ub,ub2gm}_align,
-//           the Ascend 950 (arch 3510) C API pages;
+//  [D3510]  asc-devkit docs/zh/api/SIMD-API/C-API/vector_datamove/asc_copy_{gm2ub,ub2gm}_align,
+//           the Ascend 950 (arch 3510) C API pages (as of asc-devkit 0da921b, July 2026);
 //  [C310]   asc-devkit impl/basic_api/dav_c310/kernel_operator_data_copy_impl.h,
 //           CopyGmToUbufAlignV2 / CopyUbufToGmAlignV2 (how AscendC builds the v2 arguments);
 //  [CCE]    CANN cceintrinsicapi copy_gm_to_ubuf_align / copy_ubuf_to_gm_align;
@@ -101,7 +101,9 @@ constexpr uint32_t BLOCK_BYTES = 32;           // UB side of a burst: whole 32-b
 inline uint64_t round_up_block(uint64_t bytes) { return (bytes + BLOCK_BYTES - 1) / BLOCK_BYTES * BLOCK_BYTES; }
 
 // The limits both DMA directions share [D3510]: burst count and length, whole elements, a
-// 32-byte aligned UB side, a UB stride of whole blocks, GM aligned to its elements.
+// 32-byte aligned UB side, a UB stride of whole blocks, GM aligned to its elements. The UB
+// stride rule is stricter than [D3510], which allows an unaligned one equal to len_burst
+// (bursts back to back): a vmi choice, listed in the README's assumptions.
 inline void check_bursts(const char *what, uint32_t n_burst, uint32_t len_burst, uint32_t element_bytes,
                          int64_t ub_offset, uint32_t ub_stride, uintptr_t gm_address) {
   if (n_burst < 1 || n_burst > MAX_BURSTS) fail("%s: n_burst outside [1, %u]", what, MAX_BURSTS);
@@ -116,8 +118,7 @@ inline void check_bursts(const char *what, uint32_t n_burst, uint32_t len_burst,
 
 // GM -> UB on MTE2 [D3510][TL]: burst i copies len_burst bytes from src + i*src_stride to
 // dst + i*dst_stride, after left_pad pad elements; strides are start-to-start distances
-// in bytes (ASSUMPTION from [C310], which builds them as gap + burst, against [D3510]'s
-// wording "gap"). The UB side of a burst is left_pad + len + right_pad bytes rounded up
+// in bytes [D3510] ([C310] builds them as gap + burst). The UB side of a burst is left_pad + len + right_pad bytes rounded up
 // to 32: pads hold the constant pad value or the burst's first element, the rounding
 // bytes copies of the first element [CCE] (ASSUMPTION: the same for arch 3510).
 template <class T>
@@ -159,9 +160,7 @@ inline void asc_copy_gm2ub_align(ascend_sim::ub_ptr<T> dst, ascend_sim::gm_ptr<T
 }
 
 // UB -> GM on MTE3 [D3510][TL]: burst i reads len_burst bytes at src + i*src_stride and
-// writes them to dst + i*dst_stride; strides start to start in bytes (ASSUMPTION, as
-// above). [D3510] names PIPE_MTE2 for this copy; TileLang synchronises it as MTE3, as
-// [CCE] does (ASSUMPTION: MTE3).
+// writes them to dst + i*dst_stride; strides start to start in bytes [D3510], as above.
 template <class T>
 inline void asc_copy_ub2gm_align(ascend_sim::gm_ptr<T> dst, ascend_sim::ub_ptr<T> src, uint32_t n_burst,
                                  uint32_t len_burst, asc_store_l2_cache_mode, uint64_t dst_stride,
