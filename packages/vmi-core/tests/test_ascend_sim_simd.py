@@ -927,6 +927,11 @@ UNMODELLED = {
                              "asc_intlv_b32 is not modelled by ascend-sim"),
     "a rounding mode e4m3 does not take": ("ROUND_R, RS_ENABLE, PART_P0", "ROUND_A, RS_ENABLE, PART_P0",
                                            "rounding mode not available for the pair"),
+    # The arch-3510 API takes a signed register of shift amounts.
+    "a shift by a register of unsigned amounts": (
+        "simd_inst::vshrs((*(vector_s32 *)(&(y))), 24, v, MODE_ZEROING)",
+        "simd_inst::vshr((*(vector_s32 *)(&(y))), simd_inst::vdup<uint32_t>(24, v, MODE_ZEROING), v, MODE_ZEROING)",
+        "could not convert"),
 }
 # The same for instructions of the rearrange and gather kernels: a broadcast of the highest lane (no
 # C API), a UB gather of bytes (b8 elements widened to b16 lanes).

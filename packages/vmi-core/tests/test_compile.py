@@ -25,6 +25,7 @@ from vmi_core import compile as vc
 from vmi_core.compile import compile_kernel, cuda_arch, lower, pass_configs
 from vmi_core.headers import is_gcc, precompiled_header
 from vmi_core.tl.shell import Shell
+from vmi_core.tl.simd import maximum
 from vmi_core.tools.source_checks import assert_vector_regions, dma_counts, region_report
 from vmi_core.tools.testing import assert_bitwise_equal
 from vmi_devkit.cuda import check_cuda_source
@@ -168,7 +169,7 @@ def build_shell_kernel(target: str, workers: int | None = None):
                 with sh.vector("simt"):
                     for i, j in T.Parallel(BM, N):
                         # Scaling by 2 is exact: no FMA contraction can change the bits.
-                        y[i, j] = T.max(x[i, j], T.float32(0.0)) * T.float32(2.0) - T.float32(1.0)
+                        y[i, j] = maximum(x[i, j], T.float32(0.0)) * T.float32(2.0) - T.float32(1.0)
                 sh.copy(y, Y[t * BM, 0])
 
     return shell_kernel

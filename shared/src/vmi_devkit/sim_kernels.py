@@ -21,6 +21,7 @@ import torch
 
 from vmi_core.compile import cached_kernel, lower_artifact
 from vmi_core.tl.shell import SIMD, SIMT, SIMT_THREADS, Shell
+from vmi_core.tl.simd import maximum
 
 COLUMNS = 64
 
@@ -43,7 +44,7 @@ def build_row_scale(block_m: int, target: str):
                 sh.copy(X[row0, 0], x)
                 with sh.vector(SIMT):
                     sh.segment_reduce(amax, (block_m, COLUMNS), COLUMNS,
-                                      lambda at, x=x: T.max(at.load(x), -at.load(x)), "max", T.float32(0))
+                                      lambda at, x=x: maximum(at.load(x), -at.load(x)), "max", T.float32(0))
                     for i, j in T.Parallel(block_m, COLUMNS):
                         y[i, j] = x[i, j] / amax[i, 0]
                 sh.copy(y, Y[row0, 0])
@@ -312,8 +313,8 @@ def _int_ops():
         ("not", lambda v: S.vnot(v.i)),
         ("shl", lambda v: S.vshl(v.i, v.s)),
         ("shr", lambda v: S.vshr(v.i, v.s)),
-        ("shl_u32", lambda v: S.vshl(_u32(v.i), _u32(v.s))),
-        ("shr_u32", lambda v: S.vshr(_u32(v.i), _u32(v.s))),
+        ("shl_u32", lambda v: S.vshl(_u32(v.i), v.s)),  # the amount register is signed
+        ("shr_u32", lambda v: S.vshr(_u32(v.i), v.s)),
         ("shls", lambda v: S.vshls(v.i, 3)),
         ("shrs", lambda v: S.vshrs(v.i, 3)),
         ("shrs_u32", lambda v: S.vshrs(_u32(v.i), 3)),

@@ -8,16 +8,16 @@ multiple of 64; CPU: local buffers).
 
 from __future__ import annotations
 
-import tilelang.language as T
+from .simd import maximum, minimum
 
 REDUCE_OPS = ("max", "min", "sum")
 
 
 def combine(op: str, acc, value):
     if op == "max":
-        return T.max(acc, value)
+        return maximum(acc, value)
     if op == "min":
-        return T.min(acc, value)
+        return minimum(acc, value)
     if op == "sum":
         return acc + value
     raise ValueError(f"reduction op must be one of {REDUCE_OPS}, got {op!r}")

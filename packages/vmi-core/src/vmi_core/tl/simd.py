@@ -148,15 +148,17 @@ class Vec:
     def __xor__(self, other):
         return self._binary(other, "vxor")
 
+    # A register of shift amounts is signed (asc_shiftleft/asc_shiftright, arch 3510): uint32
+    # amounts go as int32 (the same bits; amounts past the width give 0 either way).
     def __lshift__(self, other):
-        return self._binary(other, "vshl", "vshls")
+        return self._binary(_shift_amount(other), "vshl", "vshls")
 
     def __rlshift__(self, other):
-        return self._reversed(other, "vshl")
+        return self._operand(other)._binary(_shift_amount(self), "vshl")
 
     def __rshift__(self, other):
         # Logical for uint32 lanes, arithmetic for int32, as the scalar ``>>``.
-        return self._binary(other, "vshr", "vshrs")
+        return self._binary(_shift_amount(other), "vshr", "vshrs")
 
     def __neg__(self):
         return Vec(simd().vneg(self.expr))
@@ -188,6 +190,10 @@ class Vec:
     __hash__ = None
 
 
+def _shift_amount(amount):
+    return bitcast(amount, "int32") if isinstance(amount, Vec) and amount.dtype == "uint32" else amount
+
+
 def _is_vec(*values) -> bool:
     return any(isinstance(v, (Vec, Pred)) for v in values)
 
@@ -216,21 +222,29 @@ def select(cond, then_value, else_value):
     return T.Select(cond, then_value, else_value)
 
 
+def _is_float(value) -> bool:
+    return isinstance(value, float) or str(getattr(value, "dtype", "")).startswith("float")
+
+
 def minimum(a, b):
+    """``min(a, b)``. Scalar float lanes compare and select, ``a < b ? a : b`` (a NaN ``b`` is the
+    result, a NaN ``a`` is not): the bits of the cpu's C on every target, where a ``min`` call would
+    follow each target's own NaN rule (and the Ascend SIMT API declares integer ``min`` only)."""
     if isinstance(a, Vec):
         return a._binary(b, "vmin", "vmins")
     if isinstance(b, Vec):
         return b._binary(a, "vmin", "vmins")
-    return T.min(a, b)
+    return select(a < b, a, b) if _is_float(a) or _is_float(b) else T.min(a, b)
 
 
 def maximum(a, b):
-    """``max(a, b)``; for floats, only for operands that are not NaN (targets differ on NaN)."""
+    """``max(a, b)``; scalar float lanes ``a > b ? a : b``, as ``minimum``. Vector lanes (Ascend
+    ``vmax``) differ on NaN: for floats, only for operands that are not NaN."""
     if isinstance(a, Vec):
         return a._binary(b, "vmax", "vmaxs")
     if isinstance(b, Vec):
         return b._binary(a, "vmax", "vmaxs")
-    return T.max(a, b)
+    return select(a > b, a, b) if _is_float(a) or _is_float(b) else T.max(a, b)
 
 
 def bitcast(value, dtype: str):

@@ -41,7 +41,7 @@ import tilelang.language as T
 from vmi_core.targets import get_flavor
 from vmi_core.tl.elementary import exp, log1p
 from vmi_core.tl.formats import f32_const
-from vmi_core.tl.simd import fma
+from vmi_core.tl.simd import fma, maximum
 
 SQRT_LN2 = 0.8325546383857727
 """fp32(sqrt(ln 2)) exactly: y(0), and the constant term G0 of the Ascend polynomial."""
@@ -111,7 +111,7 @@ def sqrt_softplus_forward_ascend(x):
     t = f32_const(1.0) - t                                   # 2. t = 1 - e^(-|x|)
     g = fma(t, horner_fma(ASCEND_P, t), f32_const(SQRT_LN2))  # 3-4. g = sqrt(ln(1 + q) / q)
     l = a * g                                           # 5. l = sqrt(ln(1 + e^(-|x|)))
-    s = fma(l, l, T.max(x, f32_const(0.0)))                  # 6. s = relu(x) + l^2, one rounding
+    s = fma(l, l, maximum(x, f32_const(0.0)))                # 6. s = relu(x) + l^2, one rounding
     r0 = T.sqrt(s)
     rho = f32_const(1.0) / r0
     r1 = s * rho

@@ -48,20 +48,20 @@ enum asc_store_l2_cache_mode { ASC_STORE_L2_DISABLE = 0, ASC_STORE_L2_NORMAL = 1
 #define threadIdx (::ascend_sim::thread_idx())
 #define asc_syncthreads() ::ascend_sim::syncthreads(__LINE__)
 
-// max/min as emitted (both operands of one type in every source so far): integers
-// compare; floats follow IEEE maxNum/minNum, a NaN operand loses (ASSUMPTION: the SIMT
-// max/min; no source states its NaN behaviour).
+// max/min of integers only, as the arch-3510 SIMT API declares them (asc-devkit
+// include/simt_api/math_functions.h): a float max/min does not compile here either (vmi's
+// lane layer compares and selects floats, vmi_core.tl.simd.minimum/maximum).
 template <class A, class B>
 inline std::common_type_t<A, B> max(A a, B b) {
   using C = std::common_type_t<A, B>;
-  if constexpr (std::is_floating_point_v<C>) return std::fmax((C)a, (C)b);
-  else return (C)a > (C)b ? (C)a : (C)b;
+  static_assert(std::is_integral_v<C>, "the SIMT API declares integer max only");
+  return (C)a > (C)b ? (C)a : (C)b;
 }
 template <class A, class B>
 inline std::common_type_t<A, B> min(A a, B b) {
   using C = std::common_type_t<A, B>;
-  if constexpr (std::is_floating_point_v<C>) return std::fmin((C)a, (C)b);
-  else return (C)a < (C)b ? (C)a : (C)b;
+  static_assert(std::is_integral_v<C>, "the SIMT API declares integer min only");
+  return (C)a < (C)b ? (C)a : (C)b;
 }
 
 // The running core. An object rather than a macro: TileLang passes it to __simd_vf__

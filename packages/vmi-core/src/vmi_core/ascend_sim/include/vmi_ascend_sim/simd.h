@@ -803,10 +803,22 @@ VMI_ASCEND_SIM_UNARY(vsqrt, asc_sqrt, (std::is_same_v<T, float>),
 VMI_ASCEND_SIM_BINARY(vand, asc_and, ascend_sim::is_int_lane<T>, (T)(a.lane[i] & b.lane[i]))
 VMI_ASCEND_SIM_BINARY(vor, asc_or, ascend_sim::is_int_lane<T>, (T)(a.lane[i] | b.lane[i]))
 VMI_ASCEND_SIM_BINARY(vxor, asc_xor, ascend_sim::is_int_lane<T>, (T)(a.lane[i] ^ b.lane[i]))
-VMI_ASCEND_SIM_BINARY(vshl, asc_shiftleft, ascend_sim::is_int_lane<T>,
-                      ascend_sim::shift_left(a.lane[i], (int64_t)b.lane[i]))
-VMI_ASCEND_SIM_BINARY(vshr, asc_shiftright, ascend_sim::is_int_lane<T>,
-                      ascend_sim::shift_right(a.lane[i], (int64_t)b.lane[i]))
+// The amount register is signed, of the value's width (a uint32 register of amounts does not compile).
+#define VMI_ASCEND_SIM_SHIFT(CCE, CAPI, SHIFT)                                                               \
+  template <class T, class Mode>                                                                             \
+  inline void CCE(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> a, ascend_sim::vreg<std::make_signed_t<T>> b, \
+                  vector_bool mask, Mode mode) {                                                             \
+    static_assert(ascend_sim::is_int_lane<T>, #CCE ": element type not modelled");                           \
+    ascend_sim::lanewise(dst, mask, mode, [&](int i) { return ascend_sim::SHIFT(a.lane[i], (int64_t)b.lane[i]); }); \
+  }                                                                                                          \
+  template <class T>                                                                                         \
+  inline void CAPI(ascend_sim::vreg<T> &dst, ascend_sim::vreg<T> a, ascend_sim::vreg<std::make_signed_t<T>> b, \
+                   vector_bool mask) {                                                                       \
+    CCE(dst, a, b, mask, MODE_ZEROING);                                                                      \
+  }
+VMI_ASCEND_SIM_SHIFT(vshl, asc_shiftleft, shift_left)
+VMI_ASCEND_SIM_SHIFT(vshr, asc_shiftright, shift_right)
+#undef VMI_ASCEND_SIM_SHIFT
 // [R arithmetic_compute/asc_add_scalar, asc_mul_scalar, asc_max_scalar, asc_min_scalar,
 // logic_compute/asc_shiftleft_scalar, asc_shiftright_scalar]
 VMI_ASCEND_SIM_SCALAR(vadds, asc_add_scalar, ascend_sim::is_alu_lane<T>, ascend_sim::add(a.lane[i], s))
