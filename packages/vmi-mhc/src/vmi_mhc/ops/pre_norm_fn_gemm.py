@@ -117,7 +117,8 @@ _FWD_OPTIONS = (*_OPTIONS, Option("n_splits", 16, (1, 2, 4, 16), "K slices (spli
 _SUPPORT = {
     "cpu": "runs; bit-exact against the reference (its fixed summation order), both flavors alike",
     "ascend": "lowers to AscendC: T.gemm on the Cube unit, SIMD vector regions; runs on ascend-sim, not yet "
-              "on an NPU",
+              "on an NPU; the Cube kernel does not compile against asc-devkit's declarations (TileLang 0.1.15 "
+              "emits Cube calls the real API does not declare: scripts/ascend-api-check)",
     "ascend-sim": "runs the ascend source on the CPU model, Cube unit included: square sums and fn_grad bit-exact, "
                   "the Cube's sums within the stated bound of the reference",
 }
