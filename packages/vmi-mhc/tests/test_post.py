@@ -12,10 +12,12 @@ several threads on cpu; the hidden-size and token sweeps run under ``slow``.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from vmi_core.tools.testing import assert_bitwise_equal, randn
+from vmi_core.tools.testing import assert_bitwise_equal, randn, sim_schedule
 from vmi_devkit.errors import forbid_kernels
 from vmi_mhc.ops.post import mhc_post_bwd, mhc_post_bwd_parallel, mhc_post_fwd, mhc_post_fwd_parallel
 from vmi_mhc.reference import post as reference
@@ -41,12 +43,15 @@ def d_o_like(inputs: dict, seed: int) -> torch.Tensor:
     return randn(tuple(inputs["residual"].shape), seed + 4, torch.bfloat16)
 
 
-def check_forward(hidden, tokens, *, flavor=None, target=None, n=N):
+def check_forward(hidden, tokens, *, flavor=None, target=None, n=N, schedules=None):
+    """``schedules``: ascend-sim pipe schedules to launch each shape under (one reference for all)."""
     for seed, (batch, seq) in enumerate(tokens):
         inputs = make_inputs(batch, seq, hidden, seed, n)
-        out = mhc_post_fwd(**inputs, target=target, flavor=flavor)
         want = reference.mhc_post_fwd(**inputs)
-        assert_bitwise_equal(out, want, f"out [H={hidden} n={n} B={batch} S={seq} {target} {flavor}]")
+        for schedule in schedules or [None]:
+            with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+                out = mhc_post_fwd(**inputs, target=target, flavor=flavor)
+            assert_bitwise_equal(out, want, f"out [H={hidden} n={n} B={batch} S={seq} {target} {flavor} {schedule}]")
 
 
 BACKWARD_NAMES = ("d_x", "d_residual", "d_post_layer_mix", "d_comb_res_mix")
@@ -73,8 +78,11 @@ def test_backward_matches_reference(flavor):
 
 
 def test_matches_reference_on_ascend_sim():
-    # One kernel pair (their build is the cost): one token, and 66 tokens (a second wave).
-    check_forward(HIDDEN, ((1, 1), (1, 66)), target="ascend-sim")
+    # One kernel pair (their build is the cost): one token, and 66 tokens (a second wave); the
+    # forward on 193 tokens (4 tiles on core 0, more than its 3 buffer versions) under
+    # consumers_first and producers_first, where a missing wait between pipes shows up.
+    check_forward(HIDDEN, ((1, 1),), target="ascend-sim")
+    check_forward(HIDDEN, ((1, 193),), target="ascend-sim", schedules=("consumers_first", "producers_first"))
     check_backward(HIDDEN, ((1, 1), (1, 66)), target="ascend-sim")
 
 

@@ -114,9 +114,12 @@ def test_largest_hidden_size():
 
 
 def test_matches_reference_on_ascend_sim():
-    # The backward (row sums, weight gathers, in-place update): one token, 70 tokens over the 64 cores.
-    with sim_schedule("consumers_first"):
-        check_bwd(4, (1, 70), BWD_HIDDEN, target="ascend-sim")
+    # The backward (row sums, weight gathers, in-place update): one token, and 193 tokens (4 tiles
+    # on core 0, more than its 3 buffer versions) under consumers_first and under producers_first,
+    # where a missing wait between pipes shows up as wrong data.
+    for schedule, tokens in (("consumers_first", (1, 193)), ("producers_first", (193,))):
+        with sim_schedule(schedule):
+            check_bwd(4, tokens, BWD_HIDDEN, target="ascend-sim")
 
 
 @pytest.mark.slow

@@ -11,9 +11,10 @@ is what separates the cpu kernel from the float64 value, and (doubled: the matri
 
 Default: one forward and one backward specialisation (K = 4·64·2 = 512, n3 = 24, 2 splits),
 token counts 0, 1 and 37 (a partial token block); on ascend-sim (the Cube unit model runs the
-mixed kernels) one forward and one backward call of 37 tokens: the square sums and ``fn_grad``
-bit for bit, ``out_mul_splitted`` and ``x_grad`` within the bound between the cpu order and the
-Cube's. Every pipe schedule, more token blocks than AI cores, the TF32 operand kernel on
+mixed kernels) one forward call of 37 tokens and two backward calls of 65 (three token blocks,
+under consumers_first and producers_first): the square sums and ``fn_grad`` bit for bit,
+``out_mul_splitted`` and ``x_grad`` within the bound between the cpu order and the Cube's. Every
+pipe schedule, more token blocks than AI cores, the TF32 operand kernel on
 ascend-sim, the sweeps over hidden sizes 1280-7168, 4096+ tokens, other mix widths and splits are
 ``slow``. The Cube model's negative controls break the emitted kernels (a cross-core wait, a pipe
 wait, an NZ layout parameter): one by default, the others ``slow``.
@@ -228,7 +229,12 @@ def test_forward_on_ascend_sim():
 
 
 def test_backward_on_ascend_sim():
-    check_backward_on_sim(37, 12)
+    # 65 tokens: 3 token blocks of BLOCK_T (the last partial) that each core walks, more than the 2
+    # versions of its per-block buffers, under consumers_first and producers_first, where a
+    # missing wait between pipes shows up.
+    for seed, schedule in enumerate(("consumers_first", "producers_first"), start=12):
+        with sim_schedule(schedule):
+            check_backward_on_sim(65, seed)
 
 
 @pytest.mark.slow

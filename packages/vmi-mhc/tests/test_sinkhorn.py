@@ -9,7 +9,7 @@ Independently of the reference: the spec's worked examples, the large same-sign 
 checked against autograd and by gradcheck. ``repeat`` and ``eps`` are kernel arguments, so the
 default run compiles one forward and one backward kernel per flavor (cpu) and the backward on
 ascend-sim (the forward's there in the slow run); token counts cover 0, 1 and a 64-token tile with
-a tail.
+a tail, and on ascend-sim 8193 (3 tiles on a core) under two pipe schedules.
 """
 
 import pytest
@@ -17,7 +17,7 @@ import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
 from vmi_core.fp32 import flush_subnormal
-from vmi_core.tools.testing import assert_bitwise_equal, generator
+from vmi_core.tools.testing import assert_bitwise_equal, generator, sim_schedule
 from vmi_mhc import mhc_sinkhorn_bwd, mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd, mhc_sinkhorn_fwd_parallel
 from vmi_mhc.kernels.sinkhorn import BLOCK_T, MAX_BACKWARD_REPEAT
 from vmi_mhc.ops.sinkhorn import MHC_SINKHORN_BWD, MHC_SINKHORN_FWD
@@ -109,6 +109,14 @@ def test_ascend_sim_backward(flavor: str, target: str) -> None:
         grad_input = mhc_sinkhorn_bwd(grad, logits, None, repeat, eps, target=target)
         assert_bitwise_equal(grad_input, reference.sinkhorn_backward(grad, logits, repeat, eps, flavor),
                              f"T={logits.shape[0]} repeat={repeat} eps={eps}")
+    # 129 tiles of BLOCK_T tokens: core 0 runs 3, more than its 2 buffer versions; under
+    # consumers_first and producers_first a missing wait between pipes shows up as wrong data.
+    (logits, grad), (repeat, eps) = matrices(128 * BLOCK_T + 1, len(TOKENS)), SETTINGS[1]
+    want = reference.sinkhorn_backward(grad, logits, repeat, eps, flavor)
+    for schedule in ("consumers_first", "producers_first"):
+        with sim_schedule(schedule):
+            grad_input = mhc_sinkhorn_bwd(grad, logits, None, repeat, eps, target=target)
+        assert_bitwise_equal(grad_input, want, f"T={logits.shape[0]} repeat={repeat} eps={eps} schedule={schedule}")
 
 
 # Bounds against float64 (measured on 8192 tokens of randn and 4 * randn logits, R = 1, 10, 16:

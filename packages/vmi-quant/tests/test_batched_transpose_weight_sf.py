@@ -21,6 +21,10 @@ FULL_WEIGHTS = [(128, 128, None, False), (384, 512, 2, True), (768, 1152, 3, Fal
 # Every kind of weight at small sizes: 2-D and 3-D, odd scale counts (pad bytes), several tiles.
 WEIGHTS = [(128, 128, None, False), (384, 512, 2, True), (640, 1152, 1, False), (384, 384, None, True)]
 SIM_WEIGHTS = [(128, 384, None, True), (640, 1152, 2, False)]
+# 22 x 2 x 3 = 132 work tiles of 16 x 16 scales (bs 32) over 64 cores: core 0 runs 3, more than its
+# 2 buffer versions, so a missing wait between pipes shows up under consumers_first or
+# producers_first.
+SIM_WRAPPING_WEIGHTS = [(640, 1152, 22, False), (640, 1152, 22, True)]
 
 
 def _scales(weight, block_size, seed):
@@ -30,6 +34,16 @@ def _scales(weight, block_size, seed):
     x[torch.rand((x.shape[0] // block_size, 1), generator=g).repeat_interleave(block_size, 0)[:, 0] < 0.1] = 0.0
     _, sf = reference.cast(x, "e4m3", (block_size, block_size), round_sf=True)
     return sf.view(groups, n // block_size, k // block_size) if groups else sf
+
+
+def _drawn_scales(weight, block_size, seed):
+    """Scales drawn directly (a cast of the whole weight is too slow at this size): powers of two
+    from 2^-40 to 2^20, about one in ten +0."""
+    n, k, groups, _ = weight
+    g = generator(seed)
+    shape = (groups, n // block_size, k // block_size)
+    sf = torch.exp2(torch.randint(-40, 21, shape, generator=g).float())
+    return torch.where(torch.rand(shape, generator=g) < 0.1, 0.0, sf)
 
 
 def _check(weights, block_size, flavor, *, target=None, seed=0):
@@ -91,6 +105,14 @@ def test_matches_reference_on_ascend_sim():
         batched_transpose_weight_sf(sf, 32, [w[3] for w in SIM_WEIGHTS], outs, target="ascend-sim")
     for i, (old, new) in enumerate(zip(before, [t for pair in outs for t in pair], strict=True)):
         assert_bitwise_equal(new, old, f"reused output {i}")
+    # More tiles on a core than buffer versions, one launch under each of the two schedules.
+    for seed, (schedule, weight) in enumerate(zip(("consumers_first", "producers_first"), SIM_WRAPPING_WEIGHTS,
+                                                  strict=True)):
+        sf = [_drawn_scales(weight, 32, 20 + seed)]
+        with sim_schedule(schedule):
+            got = batched_transpose_weight_sf(sf, 32, [weight[3]], target="ascend-sim")
+        _compare(got, reference.batched_transpose_weight_sf(sf, 32, [weight[3]], flavor="ascend"),
+                 f"weight {weight} schedule={schedule}")
 
 
 @pytest.mark.slow

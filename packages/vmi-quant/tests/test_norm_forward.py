@@ -111,9 +111,10 @@ def _clear_pad_bytes(sf: torch.Tensor, groups: int) -> torch.Tensor:
     return bytes_.view(sf.dtype).reshape(sf.shape)
 
 
-def _check_cast(case, target=None, shapes=None, non_finite=False):
+def _check_cast(case, target=None, shapes=None, non_finite=False, schedules=None):
     """With ``non_finite``, rows 3, 5 and 6 of 2-D shapes hold a NaN, +inf and -inf (rstd NaN in the
-    ascend flavor: every NaN must be the reference's canonical one)."""
+    ascend flavor: every NaN must be the reference's canonical one). Each shape runs under
+    ``schedules`` (one launch each against one reference), by default the next of ``SIM_SCHEDULES``."""
     dtype, hidden, _, _, out_scale, flavor, col_major, round_sf, packed, with_bf16, block_m = case
     for seed, (shape, row_pad, batch_pad) in enumerate(shapes or _shapes(hidden)):
         if block_m and len(shape) == 3:
@@ -121,33 +122,34 @@ def _check_cast(case, target=None, shapes=None, non_finite=False):
         x, weight, residual = _inputs(case, shape, seed, row_pad, batch_pad)
         if non_finite and len(shape) == 2 and shape[0] > 6:
             x[3, 17], x[5, 150], x[6, 0] = float("nan"), float("inf"), -float("inf")
-        mega = _mega_buffer(shape[0], hidden, block_m, seed) if block_m else None
-        want_mega = None if mega is None else _mega_buffer(shape[0], hidden, block_m, seed)
         options = dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed,
                        with_out_bf16=with_bf16)
-        with sim_schedule(SIM_SCHEDULES[seed % len(SIM_SCHEDULES)]):
-            (data, sf), out_bf16, rstd, norm_input = norm_forward_and_per_token_cast(
-                x, weight, EPS, "e4m3", 32, residual, out_scale, **options, mega_moe_sf=mega, mega_moe_block_m=block_m,
-                target=target, flavor=None if target == "ascend-sim" else flavor)
+        want_mega = None if not block_m else _mega_buffer(shape[0], hidden, block_m, seed)
         (want_data, want_sf), want_bf16, want_rstd, want_input = norm_forward_and_per_token_cast(
             x, weight, EPS, "e4m3", 32, residual, out_scale, **options, mega_moe_sf=want_mega,
             mega_moe_block_m=block_m, target="torch", flavor=flavor)
-        label = f"{_case_id(case)} shape={shape} target={target}"
-        assert_bitwise_equal(data, want_data, f"data [{label}]")
-        assert_bitwise_equal(_clear_pad_bytes(sf, hidden // 32), _clear_pad_bytes(want_sf, hidden // 32),
-                             f"sf [{label}]", check_stride=False)
-        assert sf.stride() == want_sf.stride(), label
-        assert_bitwise_equal(rstd, want_rstd, f"rstd [{label}]")
-        if with_bf16:
-            assert_bitwise_equal(out_bf16, want_bf16, f"out_bf16 [{label}]")
-        else:
-            assert out_bf16 is None
-        if residual is None:
-            assert norm_input is x
-        else:
-            assert_bitwise_equal(norm_input, want_input, f"residual_out [{label}]")
-        if mega is not None:
-            assert_bitwise_equal(mega_moe_window(mega), mega_moe_window(want_mega), f"mega_moe_sf [{label}]")
+        for schedule in schedules or [SIM_SCHEDULES[seed % len(SIM_SCHEDULES)]]:
+            mega = _mega_buffer(shape[0], hidden, block_m, seed) if block_m else None
+            with sim_schedule(schedule):
+                (data, sf), out_bf16, rstd, norm_input = norm_forward_and_per_token_cast(
+                    x, weight, EPS, "e4m3", 32, residual, out_scale, **options, mega_moe_sf=mega,
+                    mega_moe_block_m=block_m, target=target, flavor=None if target == "ascend-sim" else flavor)
+            label = f"{_case_id(case)} shape={shape} target={target} schedule={schedule}"
+            assert_bitwise_equal(data, want_data, f"data [{label}]")
+            assert_bitwise_equal(_clear_pad_bytes(sf, hidden // 32), _clear_pad_bytes(want_sf, hidden // 32),
+                                 f"sf [{label}]", check_stride=False)
+            assert sf.stride() == want_sf.stride(), label
+            assert_bitwise_equal(rstd, want_rstd, f"rstd [{label}]")
+            if with_bf16:
+                assert_bitwise_equal(out_bf16, want_bf16, f"out_bf16 [{label}]")
+            else:
+                assert out_bf16 is None
+            if residual is None:
+                assert norm_input is x
+            else:
+                assert_bitwise_equal(norm_input, want_input, f"residual_out [{label}]")
+            if mega is not None:
+                assert_bitwise_equal(mega_moe_window(mega), mega_moe_window(want_mega), f"mega_moe_sf [{label}]")
 
 
 @pytest.mark.parametrize("case", CAST_CASES, ids=_case_id)
@@ -337,14 +339,20 @@ def test_torch_target_and_parallel_entry_points():
 
 
 # ascend-sim: the quantizing kernel with every phase (residual, weight, out_scale, packed
-# col-major SF, bf16 side output, Mega MoE SF); the plain and fp32 kernels under ``slow``.
+# col-major SF, bf16 side output, Mega MoE SF); the plain and fp32 kernels under ``slow``. The
+# wrapping shape puts 3 work tiles of 32 rows on core 0 (129 tiles over 64 cores), more than its 2
+# buffer versions: under consumers_first and producers_first a missing wait between pipes shows
+# up as wrong data (one reference for both launches: the reference is the cost).
 SIM_CAST_CASE = ("bf16", 256, True, True, 0.3, "ascend", True, True, True, True, 16)
 SIM_SHAPES = [((1, 256), 0, 0), ((150, 256), 16, 0)]
+SIM_WRAPPING_SHAPE = ((4097, 256), 16, 0)
 
 
 @pytest.mark.parametrize("target", ["ascend-sim"])
 def test_cast_on_ascend_sim(target):
     _check_cast(SIM_CAST_CASE, target=target, shapes=SIM_SHAPES, non_finite=True)
+    _check_cast(SIM_CAST_CASE, target=target, shapes=[SIM_WRAPPING_SHAPE], non_finite=True,
+                schedules=("consumers_first", "producers_first"))
 
 
 @pytest.mark.slow

@@ -33,8 +33,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # words end in an unused byte); 2 of 3; hidden 128, 384, 768.
 SHAPES = [(0, 384), (128, 768), (384, 128), (256, 384)]
 # ascend-sim (64 cores, npt x 128 work tiles, 2 buffer versions): with npt 32 / 128, 8 / 2 tiles
-# (most cores idle), 24 / 6, and 288 / 72 tiles (every core / 8 cores run several).
-SIM_SHAPES = [(128, 128), (384, 256), (1152, 1024)]
+# (most cores idle), 24 / 6, and twice 516 / 129 tiles (every core / core 0 runs 3 or more: more
+# than its buffer versions), the last two under consecutive pipe schedules (consumers_first and
+# producers_first for the default run's case), so a missing wait between pipes shows up.
+SIM_SHAPES = [(128, 128), (384, 256), (384, 5504), (384, 5504)]
 
 
 def _schedule(seed, offset):

@@ -36,8 +36,11 @@ RSF = 2.5
 # (rows, hidden): no rows; one row; 37 rows with a partial second 512-channel tile (H 640); one
 # tile of 128 channels (four groups of 32, one of 128).
 SHAPES = [(0, 384), (1, 640), (37, 640), (21, 128)]
-# ascend-sim (64 cores): 9 rows x 2 tiles (most cores idle), 70 rows x 1 tile (some cores run two).
-SIM_SHAPES = [(9, 640), (70, 128)]
+# ascend-sim (64 cores): 9 rows x 2 tiles (most cores idle), 70 rows x 1 tile (some cores run two),
+# 129 and 193 rows x 1 tile (core 0 runs 3 and 4 tiles: more than its buffer versions), the last
+# two under consumers_first and producers_first for the default run's case (the shapes cycle
+# through the pipe schedules), so a missing wait between pipes shows up.
+SIM_SHAPES = [(9, 640), (70, 128), (129, 128), (193, 128)]
 COUNTER_START = (5, 0, 7, 1)
 
 
