@@ -57,14 +57,17 @@ def check_forward(hidden, tokens, *, flavor=None, target=None, n=N, schedules=No
 BACKWARD_NAMES = ("d_x", "d_residual", "d_post_layer_mix", "d_comb_res_mix")
 
 
-def check_backward(hidden, tokens, *, flavor=None, target=None):
+def check_backward(hidden, tokens, *, flavor=None, target=None, schedules=None):
+    """``schedules``: as ``check_forward``'s."""
     for seed, (batch, seq) in enumerate(tokens):
         inputs = make_inputs(batch, seq, hidden, seed + 10)
         d_o = d_o_like(inputs, seed + 10)
-        got = mhc_post_bwd(**inputs, d_o=d_o, target=target, flavor=flavor)
         want = reference.mhc_post_bwd(**inputs, d_o=d_o)
-        for name, a, b in zip(BACKWARD_NAMES, got, want, strict=True):
-            assert_bitwise_equal(a, b, f"{name} [H={hidden} B={batch} S={seq} {target} {flavor}]")
+        for schedule in schedules or [None]:
+            with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+                got = mhc_post_bwd(**inputs, d_o=d_o, target=target, flavor=flavor)
+            for name, a, b in zip(BACKWARD_NAMES, got, want, strict=True):
+                assert_bitwise_equal(a, b, f"{name} [H={hidden} B={batch} S={seq} {target} {flavor} {schedule}]")
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -78,12 +81,15 @@ def test_backward_matches_reference(flavor):
 
 
 def test_matches_reference_on_ascend_sim():
-    # One kernel pair (their build is the cost): one token, and 66 tokens (a second wave); the
-    # forward on 193 tokens (4 tiles on core 0, more than its 3 buffer versions) under
-    # consumers_first and producers_first, where a missing wait between pipes shows up.
+    # One kernel pair (their build is the cost): one token; the forward on 193 tokens (4 tiles on
+    # core 0, more than its 3 buffer versions) and the backward on 66 (a second wave: 4 inner tiles
+    # on cores 0 and 1) under consumers_first and producers_first, where a missing wait between
+    # pipes shows up.
+    both = ("consumers_first", "producers_first")
     check_forward(HIDDEN, ((1, 1),), target="ascend-sim")
-    check_forward(HIDDEN, ((1, 193),), target="ascend-sim", schedules=("consumers_first", "producers_first"))
-    check_backward(HIDDEN, ((1, 1), (1, 66)), target="ascend-sim")
+    check_forward(HIDDEN, ((1, 193),), target="ascend-sim", schedules=both)
+    check_backward(HIDDEN, ((1, 1),), target="ascend-sim")
+    check_backward(HIDDEN, ((1, 66),), target="ascend-sim", schedules=both)
 
 
 # Hidden sizes of the models (1280 ... 7168), the largest tested (8192: two forward tiles of 4096,
