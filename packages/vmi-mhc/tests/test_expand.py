@@ -10,10 +10,12 @@ sweep and the forward (a copy) on ascend-sim run under ``slow``.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from vmi_core.tools.testing import assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_devkit.errors import forbid_kernels
 from vmi_mhc import expand_to_mhc_bwd, expand_to_mhc_bwd_parallel, expand_to_mhc_fwd, expand_to_mhc_fwd_parallel
 from vmi_mhc.reference import expand as reference
@@ -36,18 +38,26 @@ def run_bwd(o_grad, *, target=None, flavor=None):
     return x_grad
 
 
-def check(n, tokens, hidden, *, target=None, flavor=None, directions=("fwd", "bwd")) -> None:
+def check(n, tokens, hidden, *, target=None, flavor=None, directions=("fwd", "bwd"), schedules=(None,)) -> None:
+    """Each size against one reference, one launch per ascend-sim pipe schedule (None: the default)."""
     for seed, num_tokens in enumerate(tokens):
         for h in hidden:
-            label = f"n={n} T={num_tokens} H={h} target={target} flavor={flavor}"
             if "fwd" in directions:
                 x = randn((num_tokens, h), seed, torch.bfloat16)
-                assert_bitwise_equal(run_fwd(x, n, target=target, flavor=flavor),
-                                     reference.expand_to_mhc_fwd(x, n), f"o [{label}]")
+                want = reference.expand_to_mhc_fwd(x, n)
+                for schedule in schedules:
+                    with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+                        o = run_fwd(x, n, target=target, flavor=flavor)
+                    assert_bitwise_equal(o, want, f"o [n={n} T={num_tokens} H={h} target={target} "
+                                                  f"flavor={flavor} schedule={schedule}]")
             if "bwd" in directions:
                 o_grad = randn((num_tokens, n, h), seed + 1, torch.bfloat16)
-                assert_bitwise_equal(run_bwd(o_grad, target=target, flavor=flavor),
-                                     reference.expand_to_mhc_bwd(o_grad), f"x_grad [{label}]")
+                want = reference.expand_to_mhc_bwd(o_grad)
+                for schedule in schedules:
+                    with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+                        x_grad = run_bwd(o_grad, target=target, flavor=flavor)
+                    assert_bitwise_equal(x_grad, want, f"x_grad [n={n} T={num_tokens} H={h} target={target} "
+                                                       f"flavor={flavor} schedule={schedule}]")
 
 
 @pytest.mark.parametrize("flavor", ["ascend", "cuda"])
@@ -69,9 +79,11 @@ def test_many_tokens(hidden):
 
 def test_matches_reference_on_ascend_sim():
     # The backward (the forward is a copy, under slow): one token, and 70 tokens over the 64 cores;
-    # a tail tile and two whole tiles; the single rounding.
-    with sim_schedule("consumers_first"):
-        check(4, (1, 70), (200, 1280), target="ascend-sim", directions=("bwd",))
+    # a tail tile and two whole tiles; the single rounding. At 70 x 1280 (210 tiles) cores 0..17
+    # run 4 tiles on 3 buffer versions, so each size runs under both schedules that expose a
+    # missing wait (consumers first: read-after-write; producers first: write-after-read).
+    check(4, (1, 70), (200, 1280), target="ascend-sim", directions=("bwd",),
+          schedules=REUSE_SCHEDULES)
     check_backward_rounds_once("ascend-sim")
 
 

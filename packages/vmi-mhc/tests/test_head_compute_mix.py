@@ -21,7 +21,7 @@ import contextlib
 import pytest
 import torch
 
-from vmi_core.tools.testing import assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_devkit.errors import forbid_kernels
 from vmi_mhc import (
     mhc_head_compute_mix_bwd,
@@ -128,14 +128,14 @@ def test_matches_reference_on_ascend_sim():
     # its 2 buffer versions) and 128 rows of up to 2 tiles (two rows per core: the accumulators
     # zeroed again for the second; core 0 walks 3 tiles).
     check_cases("ascend", ((1, 3), (1001, 5)), target="ascend-sim")
-    check_cases("ascend", ((8193, 128),), target="ascend-sim", schedules=("consumers_first", "producers_first"))
+    check_cases("ascend", ((8193, 128),), target="ascend-sim", schedules=REUSE_SCHEDULES)
 
 
 @pytest.mark.slow
 def test_matches_reference_on_ascend_sim_under_both_schedules():
     # Under each pipe schedule a missing wait between DMA and vector code shows up as wrong data
     # under one of them (the schedule is read at launch: the kernels are built once).
-    for schedule in ("consumers_first", "producers_first"):
+    for schedule in REUSE_SCHEDULES:
         with sim_schedule(schedule):
             check_cases("ascend", ((1, 3), (1001, 64), (1001, 5), (8191, 128)), target="ascend-sim")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.tools.testing import assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_devkit.errors import forbid_kernels
 from vmi_mhc.ops.multilayer_recompute import mhc_multilayer_recompute, mhc_multilayer_recompute_parallel
 from vmi_mhc.ops.post import mhc_post_fwd
@@ -142,7 +142,7 @@ def test_matches_reference_on_ascend_sim():
     check(HIDDEN, (1,), 1, 1, target="ascend-sim", chain=False)
     inputs = make_inputs(129, HIDDEN, 1, 1, 1)
     want = reference.mhc_multilayer_recompute(*(inputs[k] for k in INPUTS), "ascend")  # one for both: the cost
-    for schedule in ("consumers_first", "producers_first"):
+    for schedule in REUSE_SCHEDULES:
         with sim_schedule(schedule):
             got = mhc_multilayer_recompute(**inputs, **make_outputs(inputs), target="ascend-sim")
         assert_same(got, want, f"reference, T=129 H={HIDDEN} L=1 L_post=1 ascend-sim {schedule}")

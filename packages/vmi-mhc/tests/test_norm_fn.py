@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.tools.testing import assert_bitwise_equal, generator, randn, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
 from vmi_devkit.errors import forbid_kernels
 from vmi_mhc.ops.norm_fn import (
     mhc_fn_normw_merge_bwd,
@@ -158,7 +158,7 @@ def check_reduce(flavor: str, group_size: int, tokens=TOKENS, splits=SPLITS, mix
     for seed, (num_tokens, num_splits) in enumerate((t, s) for t in tokens for s in splits):
         partials, sqrsums = reduce_inputs(num_splits, num_tokens, mix, group_size, seed)
         label = f"T={num_tokens} S={num_splits} K={group_size} {flavor} {target}"
-        with sim_schedule(("consumers_first", "producers_first")[seed % 2]):
+        with sim_schedule(REUSE_SCHEDULES[seed % 2]):
             results = run_reduce_fwd(partials, sqrsums, group_size, target=target, flavor=kernel_flavor)
         want = reference.reduce_partials_and_rmsnorm_fwd(partials, sqrsums, group_size, EPS, flavor)
         for name, got, wanted in zip(("out_mul", "sqrsum", "out"), results, want, strict=True):

@@ -17,7 +17,7 @@ import contextlib
 import pytest
 import torch
 
-from vmi_core.tools.testing import assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_devkit.errors import forbid_kernels
 from vmi_mhc.ops.post import mhc_post_bwd, mhc_post_bwd_parallel, mhc_post_fwd, mhc_post_fwd_parallel
 from vmi_mhc.reference import post as reference
@@ -85,11 +85,10 @@ def test_matches_reference_on_ascend_sim():
     # core 0, more than its 3 buffer versions) and the backward on 66 (a second wave: 4 inner tiles
     # on cores 0 and 1) under consumers_first and producers_first, where a missing wait between
     # pipes shows up.
-    both = ("consumers_first", "producers_first")
     check_forward(HIDDEN, ((1, 1),), target="ascend-sim")
-    check_forward(HIDDEN, ((1, 193),), target="ascend-sim", schedules=both)
+    check_forward(HIDDEN, ((1, 193),), target="ascend-sim", schedules=REUSE_SCHEDULES)
     check_backward(HIDDEN, ((1, 1),), target="ascend-sim")
-    check_backward(HIDDEN, ((1, 66),), target="ascend-sim", schedules=both)
+    check_backward(HIDDEN, ((1, 66),), target="ascend-sim", schedules=REUSE_SCHEDULES)
 
 
 # Hidden sizes of the models (1280 ... 7168), the largest tested (8192: two forward tiles of 4096,

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV
-from vmi_core.tools.testing import assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_mhc import (
     mhc_pre_apply_mix_fwd,
     mhc_pre_big_fuse_fwd,
@@ -107,7 +107,7 @@ def check(flavor: str, target: str, tokens, splits, hidden: int = HIDDEN, *, cha
     for seed, (num_tokens, num_splits) in enumerate((t, s) for t in tokens for s in splits):
         inputs = make_inputs(num_tokens, hidden, num_splits, seed)
         label = f"T={num_tokens} S={num_splits} H={hidden} {flavor} {target}"
-        with sim_schedule(("consumers_first", "producers_first")[seed % 2]):
+        with sim_schedule(REUSE_SCHEDULES[seed % 2]):
             got = fused(inputs, target, kernel_flavor)
         expected = [("reference", reference_outputs(inputs, flavor))]
         if chain:

@@ -29,7 +29,7 @@ from vmi_core import ascend_sim
 from vmi_core import kernel as vmi_kernel
 from vmi_core.ascend_sim import AscendSimError, SimKernel
 from vmi_core.compile import cache_dir, lower_ascend
-from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_devkit.errors import forbid_kernels
 from vmi_mhc import mhc_pre_norm_fn_gemm_bwd, mhc_pre_norm_fn_gemm_fwd
 from vmi_mhc.kernels import pre_norm_fn_gemm as parallel
@@ -232,7 +232,7 @@ def test_backward_on_ascend_sim():
     # 65 tokens: 3 token blocks of BLOCK_T (the last partial) that each core walks, more than the 2
     # versions of its per-block buffers, under consumers_first and producers_first, where a
     # missing wait between pipes shows up.
-    for seed, schedule in enumerate(("consumers_first", "producers_first"), start=12):
+    for seed, schedule in enumerate(REUSE_SCHEDULES, start=12):
         with sim_schedule(schedule):
             check_backward_on_sim(65, seed)
 

@@ -17,7 +17,7 @@ import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV, row_ranges
 from vmi_core.fp32 import flush_subnormal
-from vmi_core.tools.testing import assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_mhc import mhc_sinkhorn_bwd, mhc_sinkhorn_bwd_parallel, mhc_sinkhorn_fwd, mhc_sinkhorn_fwd_parallel
 from vmi_mhc.kernels.sinkhorn import BLOCK_T, MAX_BACKWARD_REPEAT
 from vmi_mhc.ops.sinkhorn import MHC_SINKHORN_BWD, MHC_SINKHORN_FWD
@@ -113,7 +113,7 @@ def test_ascend_sim_backward(flavor: str, target: str) -> None:
     # consumers_first and producers_first a missing wait between pipes shows up as wrong data.
     (logits, grad), (repeat, eps) = matrices(128 * BLOCK_T + 1, len(TOKENS)), SETTINGS[1]
     want = reference.sinkhorn_backward(grad, logits, repeat, eps, flavor)
-    for schedule in ("consumers_first", "producers_first"):
+    for schedule in REUSE_SCHEDULES:
         with sim_schedule(schedule):
             grad_input = mhc_sinkhorn_bwd(grad, logits, None, repeat, eps, target=target)
         assert_bitwise_equal(grad_input, want, f"T={logits.shape[0]} repeat={repeat} eps={eps} schedule={schedule}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, SIM_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
 from vmi_quant import reference
 from vmi_quant.ops.batched_transpose_weight_sf import batched_transpose_weight_sf, batched_transpose_weight_sf_parallel
 
@@ -106,7 +106,7 @@ def test_matches_reference_on_ascend_sim():
     for i, (old, new) in enumerate(zip(before, [t for pair in outs for t in pair], strict=True)):
         assert_bitwise_equal(new, old, f"reused output {i}")
     # More tiles on a core than buffer versions, one launch under each of the two schedules.
-    for seed, (schedule, weight) in enumerate(zip(("consumers_first", "producers_first"), SIM_WRAPPING_WEIGHTS,
+    for seed, (schedule, weight) in enumerate(zip(REUSE_SCHEDULES, SIM_WRAPPING_WEIGHTS,
                                                   strict=True)):
         sf = [_drawn_scales(weight, 32, 20 + seed)]
         with sim_schedule(schedule):

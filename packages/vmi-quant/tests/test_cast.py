@@ -3,8 +3,9 @@
 One kernel per format pair (9) and per stochastic-rounding pair (3); the element
 count is a runtime value, so every size below reuses them. ascend-sim (the AscendC the
 ``ascend`` target emits, on vmi-core's model of the vector core) runs every kernel too
-(each lowers in about a second), each size under another pipe schedule; of the same-format
-casts (DMA only) just the E4M3 one by default, the others under ``slow``.
+(each lowers in about a second), each size under another pipe schedule and the 193-tile one
+under both consumers_first and producers_first; of the same-format casts (DMA only) just the
+E4M3 one by default, the others under ``slow``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from vmi_core.formats import f32_from_bits
 from vmi_core.stochastic import random16, stochastic_round
 from vmi_core.tools.testing import (
+    REUSE_SCHEDULES,
     SIM_SCHEDULES,
     assert_bitwise_equal,
     generator,
@@ -33,8 +35,11 @@ from vmi_quant.reference.elementwise import cast as reference_cast
 # shape, and enough elements for the cpu launcher to split the work over threads.
 SIZES = [(0,), (), (1,), (4,), (1000,), (2**16 + 4,), (3, 5, 68), (2**18 + 12,)]
 # ascend-sim (64 cores, 2 buffer versions): also 193 tiles, so every core runs 3 or 4 (the
-# sizes above run 1 tile with 63 idle cores, partial tiles, 17 and 65 tiles).
-SIM_SIZES = [*SIZES, (192 * BLOCK + 12,)]
+# sizes above run 1 tile with 63 idle cores, partial tiles, 17 and 65 tiles). Only there do
+# cores reuse a buffer version, so it runs under both schedules that expose a missing wait
+# (consumers first: read-after-write; producers first: write-after-read).
+SIM_WIDE_SIZE = (192 * BLOCK + 12,)
+SIM_SIZES = [*SIZES, SIM_WIDE_SIZE]
 
 # fp32 bit patterns every cast must get right: NaNs (quiet, signalling, negative, with
 # payload), infinities, signed zeros, fp32 subnormals, E4M3 saturation and its midpoint
@@ -77,14 +82,17 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_pair(in_fmt, out_fmt, sizes, stochastic=False, *, seed0=0, target=None, offset=0):
-    """Each size (``seed0 + i``-th inputs) against the reference; ascend-sim cycles the pipe schedules."""
+    """Each size (``seed0 + i``-th inputs) against the reference; ascend-sim cycles the pipe schedules,
+    and runs ``SIM_WIDE_SIZE`` under each of ``REUSE_SCHEDULES`` (one launch each, one reference)."""
     for i, shape in enumerate(sizes):
         x = _inputs(shape, in_fmt, seed0 + i)
-        schedule = SIM_SCHEDULES[(i + offset) % len(SIM_SCHEDULES)]
-        with sim_schedule(schedule):
-            y = cast(x, DTYPES[out_fmt], stochastic, target=target)
-        label = f"{'SR ' if stochastic else ''}{in_fmt}->{out_fmt} {shape} target={target} schedule={schedule}"
-        assert_bitwise_equal(y, reference_cast(x, DTYPES[out_fmt], stochastic), label)
+        want = reference_cast(x, DTYPES[out_fmt], stochastic)
+        wide = target == "ascend-sim" and shape == SIM_WIDE_SIZE
+        for schedule in REUSE_SCHEDULES if wide else [SIM_SCHEDULES[(i + offset) % len(SIM_SCHEDULES)]]:
+            with sim_schedule(schedule):
+                y = cast(x, DTYPES[out_fmt], stochastic, target=target)
+            label = f"{'SR ' if stochastic else ''}{in_fmt}->{out_fmt} {shape} target={target} schedule={schedule}"
+            assert_bitwise_equal(y, want, label)
     return x, y
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, SIM_SCHEDULES, assert_bitwise_equal, randn, sim_schedule
 from vmi_devkit.cases.norm_forward_cases import CAST_CASES, EPS, NORM_CASES
 from vmi_devkit.errors import forbid_kernels
 from vmi_quant import reference
@@ -352,7 +352,7 @@ SIM_WRAPPING_SHAPE = ((4097, 256), 16, 0)
 def test_cast_on_ascend_sim(target):
     _check_cast(SIM_CAST_CASE, target=target, shapes=SIM_SHAPES, non_finite=True)
     _check_cast(SIM_CAST_CASE, target=target, shapes=[SIM_WRAPPING_SHAPE], non_finite=True,
-                schedules=("consumers_first", "producers_first"))
+                schedules=REUSE_SCHEDULES)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vmi_core.tools.testing import SIM_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
+from vmi_core.tools.testing import REUSE_SCHEDULES, SIM_SCHEDULES, assert_bitwise_equal, generator, randn, sim_schedule
 from vmi_devkit.cases.swiglu_backward_cases import COVERING, DTYPES, FULL, SF_OPTIONS, case_id
 from vmi_devkit.errors import forbid_kernels
 from vmi_quant import reference
@@ -174,7 +174,7 @@ def test_matches_reference_on_ascend_sim(case):
     # One kernel build: the reference cases, then strided rows and a 3-D batch.
     _check_case(case, target="ascend-sim")
     _check_case(case, target="ascend-sim", tokens=[SIM_WRAPPING_TOKENS],
-                schedules=("consumers_first", "producers_first"))
+                schedules=REUSE_SCHEDULES)
     _check_strided_and_3d(case, "ascend-sim")
 
 

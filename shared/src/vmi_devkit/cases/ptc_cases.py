@@ -41,7 +41,8 @@ FULL = [
 SHAPES = [(0, 128), (1, 64), (37, 192), (70, 320), (4100, 128)]
 # ascend-sim (64 cores, 32 x 128 work tiles, 2 buffer versions): one tile (63 idle cores), 4
 # tiles with token, column and group tails, 9 tiles, and 129 x 2 = 258 tiles (every core runs
-# 4 or 5, so both buffer versions are reused). Runs cycle through the pipe schedules.
+# 4 or 5, so both buffer versions are reused). Runs cycle through the pipe schedules; the 258-tile
+# one runs under both REUSE_SCHEDULES (vmi_core.tools.testing).
 SIM_SHAPES = [(1, 64), (37, 192), (4100, 192), (70, 320)]
 # ascend-sim lowers each case for Ascend (5-10 s of CPU a kernel), so by default it runs a
 # covering subset of the ascend-flavor cases: fp32, power-of-two and packed UE8M0 SF, both

@@ -11,6 +11,11 @@ import torch
 from ..ascend_sim import SCHEDULE_ENV
 from ..ascend_sim import SCHEDULES as SIM_SCHEDULES
 
+# The schedules under which a dropped wait between pipes shows up as wrong data (consumers first:
+# read-after-write; producers first: write-after-read), where a core reuses a buffer (more work
+# tiles on it than the buffer has versions): a test runs such a shape under both.
+REUSE_SCHEDULES = ("consumers_first", "producers_first")
+
 _BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -126,9 +131,8 @@ def compare_named(names):
 def sim_schedule(schedule: str):
     """Run the block's ascend-sim launches with their pipes interleaved by ``schedule``.
 
-    Tests cycle through ``SIM_SCHEDULES`` so that a missing wait between pipes shows up
-    as wrong data under one of them (consumers first exposes read-after-write hazards,
-    producers first write-after-read ones).
+    Tests cycle through ``SIM_SCHEDULES``, and run a shape on which a core reuses a buffer under
+    both ``REUSE_SCHEDULES``, so that a missing wait between pipes shows up as wrong data.
     """
     if schedule not in SIM_SCHEDULES:
         raise ValueError(f"schedule must be one of {SIM_SCHEDULES}, got {schedule!r}")
