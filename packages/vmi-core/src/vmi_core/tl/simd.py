@@ -149,7 +149,7 @@ class Vec:
         return self._binary(other, "vxor")
 
     # A register of shift amounts is signed (asc_shiftleft/asc_shiftright, arch 3510): uint32
-    # amounts go as int32 (the same bits; amounts past the width give 0 either way).
+    # amounts go as int32, the same value for every amount below 2^31 (a negative one is undefined).
     def __lshift__(self, other):
         return self._binary(_shift_amount(other), "vshl", "vshls")
 

@@ -118,8 +118,8 @@ inline void check_bursts(const char *what, uint32_t n_burst, uint32_t len_burst,
 
 // GM -> UB on MTE2 [D3510][TL]: burst i copies len_burst bytes from src + i*src_stride to
 // dst + i*dst_stride, after left_pad pad elements; strides are start-to-start distances
-// in bytes [D3510] ([C310] builds them as gap + burst). The UB side of a burst is left_pad + len + right_pad bytes rounded up
-// to 32: pads hold the constant pad value or the burst's first element, the rounding
+// in bytes [D3510] ([C310] builds them as gap + burst). The UB side of a burst is
+// left_pad + len + right_pad bytes rounded up to 32: pads hold the constant pad value or the burst's first element, the rounding
 // bytes copies of the first element [CCE] (ASSUMPTION: the same for arch 3510).
 template <class T>
 inline void asc_copy_gm2ub_align(ascend_sim::ub_ptr<T> dst, ascend_sim::gm_ptr<T> src, uint32_t n_burst,
