@@ -123,6 +123,15 @@ def test_negative_controls_are_reported(mutation):
         assert not torch.equal(y, row_scale_reference(x)), f"{mutation!r} went unnoticed under {schedule}"
 
 
+def test_a_simt_float_max_does_not_compile():
+    # The arch-3510 SIMT API declares integer max/min only (the lane layer compares and selects floats).
+    source = row_scale_artifact(BLOCK_M).kernel_source
+    start = source.index("running = ((")
+    broken = source[:start] + "running = max(running, 1.0f);" + source[source.index("\n", start):]
+    with pytest.raises(AscendSimError, match="declares integer max only"):
+        _sim_kernel(broken)
+
+
 @pytest.mark.slow
 def test_error_messages_name_what_broke():
     source = row_scale_artifact(BLOCK_M).kernel_source
