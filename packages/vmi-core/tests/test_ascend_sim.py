@@ -8,6 +8,8 @@ buffer versions). The negative controls break the emitted source on purpose, one
 a time, and check that every schedule reports each break as an error or as wrong data.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -194,6 +196,17 @@ def test_unknown_schedule_is_rejected(monkeypatch):
     x = _inputs(4, 5)
     with pytest.raises(ValueError, match="VMI_ASCEND_SIM_SCHEDULE must be one of"):
         row_scale(x, BLOCK_M, "ascend-sim")
+
+
+def test_sim_schedule_sets_a_schedule_for_its_block_and_none_keeps_the_current(monkeypatch):
+    monkeypatch.setenv("VMI_ASCEND_SIM_SCHEDULE", "seq")
+    with sim_schedule("producers_first"):
+        assert os.environ["VMI_ASCEND_SIM_SCHEDULE"] == "producers_first"
+        with sim_schedule(None):
+            assert os.environ["VMI_ASCEND_SIM_SCHEDULE"] == "producers_first"
+    assert os.environ["VMI_ASCEND_SIM_SCHEDULE"] == "seq"
+    with pytest.raises(ValueError, match="schedule must be one of"), sim_schedule("fastest"):
+        pass
 
 
 def test_compiled_simulators_are_cached(tmp_path):

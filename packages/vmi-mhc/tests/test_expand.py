@@ -10,8 +10,6 @@ sweep and the forward (a copy) on ascend-sim run under ``slow``.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -46,7 +44,7 @@ def check(n, tokens, hidden, *, target=None, flavor=None, directions=("fwd", "bw
                 x = randn((num_tokens, h), seed, torch.bfloat16)
                 want = reference.expand_to_mhc_fwd(x, n)
                 for schedule in schedules:
-                    with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+                    with sim_schedule(schedule):
                         o = run_fwd(x, n, target=target, flavor=flavor)
                     assert_bitwise_equal(o, want, f"o [n={n} T={num_tokens} H={h} target={target} "
                                                   f"flavor={flavor} schedule={schedule}]")
@@ -54,7 +52,7 @@ def check(n, tokens, hidden, *, target=None, flavor=None, directions=("fwd", "bw
                 o_grad = randn((num_tokens, n, h), seed + 1, torch.bfloat16)
                 want = reference.expand_to_mhc_bwd(o_grad)
                 for schedule in schedules:
-                    with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+                    with sim_schedule(schedule):
                         x_grad = run_bwd(o_grad, target=target, flavor=flavor)
                     assert_bitwise_equal(x_grad, want, f"x_grad [n={n} T={num_tokens} H={h} target={target} "
                                                        f"flavor={flavor} schedule={schedule}]")

@@ -16,8 +16,6 @@ outputs start as NaN, so a row or element the kernel leaves unwritten fails the 
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -92,7 +90,7 @@ def check_cases(flavor, cases, target=None, n=N, schedules=(None,)) -> None:
         want_bwd = reference_backward(inputs, num_rows, flavor)
         for schedule in schedules:
             label = f"T={num_tokens} P={num_rows} n={n} flavor={flavor} target={target} schedule={schedule}"
-            with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+            with sim_schedule(schedule):
                 got = forward(inputs, target, kernel_flavor, torch.full((num_tokens, n), NAN))
                 got_bwd = backward(inputs, num_rows, target, kernel_flavor, nan_outputs(num_tokens, num_rows, n))
             assert_bitwise_equal(got, want, f"output_mix [{label}]")

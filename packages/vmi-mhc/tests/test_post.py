@@ -12,8 +12,6 @@ several threads on cpu; the hidden-size and token sweeps run under ``slow``.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -49,7 +47,7 @@ def check_forward(hidden, tokens, *, flavor=None, target=None, n=N, schedules=No
         inputs = make_inputs(batch, seq, hidden, seed, n)
         want = reference.mhc_post_fwd(**inputs)
         for schedule in schedules or [None]:
-            with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+            with sim_schedule(schedule):
                 out = mhc_post_fwd(**inputs, target=target, flavor=flavor)
             assert_bitwise_equal(out, want, f"out [H={hidden} n={n} B={batch} S={seq} {target} {flavor} {schedule}]")
 
@@ -64,7 +62,7 @@ def check_backward(hidden, tokens, *, flavor=None, target=None, schedules=None):
         d_o = d_o_like(inputs, seed + 10)
         want = reference.mhc_post_bwd(**inputs, d_o=d_o)
         for schedule in schedules or [None]:
-            with sim_schedule(schedule) if schedule else contextlib.nullcontext():
+            with sim_schedule(schedule):
                 got = mhc_post_bwd(**inputs, d_o=d_o, target=target, flavor=flavor)
             for name, a, b in zip(BACKWARD_NAMES, got, want, strict=True):
                 assert_bitwise_equal(a, b, f"{name} [H={hidden} B={batch} S={seq} {target} {flavor} {schedule}]")
