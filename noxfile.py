@@ -67,6 +67,15 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def npu(session: nox.Session) -> None:
+    """On an Ascend 950 host: calibrate ascend-sim, test every family on the ascend target, check and
+    benchmark every op (``scripts/npu-check``; arguments after ``--`` go to it, e.g.
+    ``-- --target ascend-sim`` to run it on the CPU)."""
+    session.run("bash", str(ROOT / "scripts" / "npu-check"), *session.posargs, external=True,
+                env={"PYTHON": sys.executable})
+
+
+@nox.session(venv_backend="none")
 def slow(session: nox.Session) -> None:
     """Only the slow sweeps (pytest's exit 5, no slow test collected, counts as success)."""
     _pytest(session, "-m", "slow", success_codes=(0, 5))

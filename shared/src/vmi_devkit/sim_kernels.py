@@ -9,7 +9,9 @@ The SIMD kernels write their vector regions as explicit ``T.simd`` code: ``token
 per-token amax / scale / e4m3 cast, and one kernel per instruction family (``float``, ``int``,
 ``convert``, ``rearrange``, ``memory``, ``gather``) runs a table of single instructions over
 test registers. ``counted`` is a kernel small enough to count what it executes by hand. ``cube_gemm`` is one
-``T.gemm`` on the Cube unit.
+``T.gemm`` on the Cube unit. ``simt_arith`` runs the SIMT unit's fp32 and int32 arithmetic over test
+lanes, and ``dma_rounding`` shows the UB bytes a DMA burst rounds up to its 32-byte boundary.
+These kernels are also the calibration kernels of ``vmi_devkit.calibration``.
 """
 
 import functools
@@ -21,7 +23,7 @@ import torch
 
 from vmi_core.compile import cached_kernel, lower_artifact
 from vmi_core.tl.shell import SIMD, SIMT, SIMT_THREADS, Shell
-from vmi_core.tl.simd import maximum
+from vmi_core.tl.simd import absolute, bitcast, fma, maximum, sqrt
 
 COLUMNS = 64
 
@@ -69,6 +71,75 @@ def row_scale_artifact(block_m: int):
     return lower_artifact(build_row_scale(block_m, "ascend"), "ascend")
 
 
+# ---- SIMT arithmetic and DMA rounding bytes ------------------------------------------------------------
+
+SIMT_LANES = 2048
+SIMT_FLOAT_INPUTS = 3  # a, b, c
+SIMT_OPS = ("div", "sqrt", "mul", "add", "fma", "mul_add", "abs", "int_add", "int_mul")
+
+
+def build_simt_arith(spec, target: str):
+    """``Y[k, j]`` = op k of ``SIMT_OPS`` on lane j in a SIMT region, as bits: ``a / b``, ``sqrtf(a)``,
+    ``a * b``, ``a + b``, ``fmaf(a, b, c)``, ``a * b + c`` written unfused (whether the compiler
+    contracts it shows), ``fabsf(a)`` of the fp32 rows ``X = (a, b, c)``, and the int32 sum and product
+    of the rows of ``I``."""
+    assert spec is None
+    sh = Shell(target)
+    n = SIMT_LANES
+
+    @T.prim_func
+    def simt_arith(X: T.Tensor((SIMT_FLOAT_INPUTS, n), "float32"), I: T.Tensor((2, n), "int32"),
+                   Y: T.Tensor((len(SIMT_OPS), n), "int32")):
+        with sh.kernel(1):
+            x = sh.tile((SIMT_FLOAT_INPUTS, n), "float32")
+            i = sh.tile((2, n), "int32")
+            y = sh.tile((len(SIMT_OPS), n), "int32")
+            sh.copy(X, x)
+            sh.copy(I, i)
+            with sh.vector(SIMT):
+                for j in T.Parallel(n):
+                    a, b, c = x[0, j], x[1, j], x[2, j]
+                    for k, value in enumerate((a / b, sqrt(a), a * b, a + b, fma(a, b, c), a * b + c, absolute(a))):
+                        y[k, j] = bitcast(value, "int32")
+                    y[7, j] = i[0, j] + i[1, j]
+                    y[8, j] = i[0, j] * i[1, j]
+            sh.copy(y, Y)
+
+    return simt_arith
+
+
+def run_simt_arith(x, i, target: str = "ascend-sim"):
+    """``(len(SIMT_OPS), SIMT_LANES)`` int32 results of ``simt_arith`` for fp32 ``x`` and int32 ``i``."""
+    y = torch.empty((len(SIMT_OPS), SIMT_LANES), dtype=torch.int32, device=x.device)
+    cached_kernel(build_simt_arith, None, target)(x, i, y)
+    return y
+
+
+DMA_ROWS, DMA_BURST, DMA_ROW = 3, 13, 16  # fp32 elements: a 52-byte burst per row, rows 64 bytes apart in UB
+
+
+def build_dma_rounding(spec, target: str):
+    """Copies ``X (DMA_ROWS, DMA_BURST)`` into a UB tile of ``DMA_ROW`` columns, one burst per row, and
+    the whole tile out to ``Y``: columns past the burst hold the bytes the DMA rounded each burst up with."""
+    assert spec is None
+    sh = Shell(target)
+
+    @T.prim_func
+    def dma_rounding(X: T.Tensor((DMA_ROWS, DMA_BURST), "float32"), Y: T.Tensor((DMA_ROWS, DMA_ROW), "float32")):
+        with sh.kernel(1):
+            x = sh.tile((DMA_ROWS, DMA_ROW), "float32")
+            T.copy(X[0:DMA_ROWS, 0:DMA_BURST], x[0:DMA_ROWS, 0:DMA_BURST])
+            T.copy(x, Y)
+
+    return dma_rounding
+
+
+def run_dma_rounding(x, target: str = "ascend-sim"):
+    y = x.new_empty((DMA_ROWS, DMA_ROW))
+    cached_kernel(build_dma_rounding, None, target)(x, y)
+    return y
+
+
 # ---- Cube kernel: one T.gemm on the Cube unit --------------------------------------------------------
 
 
@@ -95,7 +166,7 @@ def build_cube_gemm(shape, target: str):
 
 
 def cube_gemm(a, b, target: str):
-    c = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+    c = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32, device=a.device)
     cached_kernel(build_cube_gemm, (a.shape[0], b.shape[0], a.shape[1]), target)(a, b, c)
     return c
 
@@ -450,7 +521,7 @@ def build_family(family: str, target: str):
 
 def run_family(family: str, inputs, target: str = "ascend-sim"):
     """The family kernel's results, ``(ROWS, ops, 64)`` int32, for ``inputs`` ``(fields, ROWS, 64)`` int32."""
-    out = torch.empty((ROWS, len(family_ops(family)), LANES), dtype=torch.int32)
+    out = torch.empty((ROWS, len(family_ops(family)), LANES), dtype=torch.int32, device=inputs.device)
     cached_kernel(build_family, family, target, simd_parallel=False)(inputs, out)
     return out
 
@@ -545,7 +616,7 @@ def run_memory(image, sentinel, target: str = "ascend-sim"):
     """(loads, [o8, o16, o32]) of the memory kernel for a byte ``image`` and a sentinel byte image."""
     views = [image.view(t) for t in (torch.uint8, torch.uint16, torch.uint32)]
     zs = [sentinel.view(t).reshape(STORE_ROWS, -1) for t in (torch.uint8, torch.uint16, torch.uint32)]
-    loads = torch.empty((len(LOAD_ROWS), LANES), dtype=torch.int32)
+    loads = torch.empty((len(LOAD_ROWS), LANES), dtype=torch.int32, device=image.device)
     outs = [torch.empty_like(z) for z in zs]
     cached_kernel(build_memory, None, target, simd_parallel=False)(*views, *zs, loads, *outs)
     return loads, outs
@@ -621,7 +692,7 @@ def build_gather(spec, target: str):
 
 def run_gather(*inputs, target: str = "ascend-sim"):
     """(gathered registers, O32, O16) of the gather kernel for its inputs W32 ... Z16 (as named there)."""
-    out = torch.empty((len(GATHER_OUT_ROWS), LANES), dtype=torch.int32)
+    out = torch.empty((len(GATHER_OUT_ROWS), LANES), dtype=torch.int32, device=inputs[0].device)
     o32, o16 = torch.empty_like(inputs[-2]), torch.empty_like(inputs[-1])
     cached_kernel(build_gather, None, target, simd_parallel=False)(*inputs, out, o32, o16)
     return out, o32, o16

@@ -1,6 +1,6 @@
 """Every installed op on one target, against its reference and timed: a report for a device host.
 
-    python -m vmi_core.tools.devicecheck [--target cuda] [--out DIR] [--quick] [--ops a,b] [--jobs N]
+    python -m vmi_core.tools.devicecheck [--target cuda|ascend|...] [--out DIR] [--quick] [--ops a,b] [--jobs N]
 
 For each op ``registry.discover()`` lists:
 
@@ -22,8 +22,9 @@ gate open.
 Option sets run in ``--jobs`` worker processes (vmi compiles one kernel at a time per process, and
 compiling is most of the time). Writes ``report.md`` and ``report.json`` to ``--out`` (rewritten
 as results come in, so a run cut short leaves what it had) and prints the summary last; exits 1
-if a case failed or raised. The reference runs with the target's flavor; ``--target cpu`` checks
-this harness without a GPU.
+if a case failed or raised. The reference runs with the target's flavor; ``--target cpu`` or
+``ascend-sim`` checks this harness without a device. On ``ascend`` (``scripts/npu-check`` runs it)
+times come from NPU events around the op call: GB/s there includes the call's Python overhead.
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def _bench_op(name: str, shapes: list, repeat: int, copy_gbs: float, deadline: f
             results.append(bench(op, shape, sweep, repeat, copy_gbs))
         except Exception as error:  # noqa: BLE001 (record it, go on)
             errors.append(f"{_fmt_shape(shape)}: {last_line(error)}")
-            if sweep.device == "cuda":
+            if sweep.device in ACCELERATORS:
                 break  # the context is poisoned: later shapes would only repeat the fault
     return results, errors
 
@@ -226,21 +227,25 @@ def _first(case: dict) -> str:
 
 # --- timing ---------------------------------------------------------------------------------------
 
-def call_time(fn, repeat: int, on_cuda: bool) -> float:
-    """Median seconds of one ``fn()`` call, as the device sees it on CUDA (CUDA events)."""
-    if not on_cuda:
+ACCELERATORS = ("cuda", "npu")  # devices timed by their own events (torch.cuda / torch_npu's torch.npu)
+
+
+def call_time(fn, repeat: int, device: str) -> float:
+    """Median seconds of one ``fn()`` call, as the device sees it on an accelerator (its events)."""
+    if device not in ACCELERATORS:
         times = []
         for _ in range(repeat):
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
         return statistics.median(times)
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
+    accelerator = getattr(torch, device)
+    pairs = [(accelerator.Event(enable_timing=True), accelerator.Event(enable_timing=True)) for _ in range(repeat)]
     for start, end in pairs:
         start.record()
         fn()
         end.record()
-    torch.cuda.synchronize()
+    accelerator.synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in pairs) / 1e3
 
 
@@ -266,19 +271,18 @@ def kernel_time(fn, repeat: int) -> float | None:
     return busy_us / repeat / 1e6 if busy_us > 0 else None
 
 
-def copy_bandwidth(on_cuda: bool) -> dict:
+def copy_bandwidth(device: str) -> dict:
     """Bytes per second of a large device-to-device ``dst.copy_(src)``, counting read and write."""
-    nbytes = (1 << 30) if on_cuda else (256 << 20)
-    device = "cuda" if on_cuda else "cpu"
+    on_accelerator = device in ACCELERATORS
+    nbytes = (1 << 30) if on_accelerator else (256 << 20)
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    seconds = call_time(lambda: dst.copy_(src), 20 if on_cuda else 5, on_cuda)
+    seconds = call_time(lambda: dst.copy_(src), 20 if on_accelerator else 5, device)
     return {"bytes_per_copy": 2 * nbytes, "seconds": seconds, "gbs": 2 * nbytes / seconds / 1e9}
 
 
 def bench(op: OpInfo, shape, sweep: Sweep, repeat: int, copy_gbs: float) -> dict:
-    on_cuda = sweep.device == "cuda"
     options = {o.name: o.default for o in op.options}
     inputs = op.make_inputs(shape, options, 0)
     on_device = to_device(inputs, sweep.device)
@@ -289,8 +293,8 @@ def bench(op: OpInfo, shape, sweep: Sweep, repeat: int, copy_gbs: float) -> dict
     outputs = to_device(call(), "cpu")  # compiles, if this shape needs its own kernel
     for _ in range(3):
         call()
-    call_s = call_time(call, repeat, on_cuda)
-    kernel_s = kernel_time(call, repeat) if on_cuda else None
+    call_s = call_time(call, repeat, sweep.device)
+    kernel_s = kernel_time(call, repeat) if sweep.device == "cuda" else None
     ref_times = []
     while len(ref_times) < 3 and sum(ref_times) < 1.0:  # a large reference takes seconds: time it once
         start = time.perf_counter()
@@ -327,6 +331,11 @@ def environment(target: str, jobs: int) -> dict:
             env["nvcc"] = version.strip().splitlines()[-1]
         except (OSError, IndexError):
             env["nvcc"] = f"not found ({nvcc})"
+    if target == "ascend":
+        import torch_npu
+
+        env.update(npu=torch.npu.get_device_name(0), torch_npu=torch_npu.__version__,
+                   cann=os.environ.get("ASCEND_TOOLKIT_HOME", "") or os.environ.get("ASCEND_HOME_PATH", ""))
     return env
 
 
@@ -477,15 +486,16 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown ops {sorted(unknown)}; installed: {', '.join(sorted(ops))}")
         ops = {name: ops[name] for name in args.ops.split(",")}
     sweep = Sweep(args.target, _t0 + 0.7 * args.budget)
-    on_cuda = sweep.device == "cuda"
-    if on_cuda and not torch.cuda.is_available():
+    if sweep.device == "cuda" and not torch.cuda.is_available():
         parser.error("target cuda, but torch sees no CUDA device")
+    if sweep.device == "npu" and not (hasattr(torch, "npu") and torch.npu.is_available()):
+        parser.error("target ascend, but torch sees no NPU (torch_npu not installed, or no device)")
     args.out.mkdir(parents=True, exist_ok=True)
 
     report = {"environment": environment(args.target, args.jobs), "complete": False,
               "ops": {name: {"criterion": op.check_criterion, "cases": []} for name, op in sorted(ops.items())}}
     log("  ".join(f"{k}={v}" for k, v in report["environment"].items() if v))
-    report["copy_bandwidth"] = copy_bandwidth(on_cuda)
+    report["copy_bandwidth"] = copy_bandwidth(sweep.device)
     log(f"copy bandwidth {report['copy_bandwidth']['gbs']:.1f} GB/s")
 
     # Round robin over the ops (every op's defaults first), so a spent budget skips evenly.
@@ -494,11 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     work = [item for row in itertools.zip_longest(*per_op) for item in row if item]
     cases = sum(len(case_shapes(ops[name], args.quick)) for name, _, _ in work)
     log(f"correctness: {len(ops)} ops, {len(work)} option sets, {cases} cases, {args.jobs} worker processes")
-    # Spawned, not forked: the parent has initialised CUDA. A fresh process per option set: a
-    # kernel fault poisons its process's CUDA context, which must not fail the sets after it.
+    # Spawned, not forked: the parent has initialised the device. On an accelerator, a fresh process
+    # per option set: a kernel fault poisons its process's device context, which must not fail the
+    # sets after it (on the CPU a worker is reused: a fresh one costs seconds of imports).
     init = (args.target, args.quick, sweep.deadline, _t0, max(1, torch.get_num_threads() // args.jobs))
+    fresh = 1 if sweep.device in ACCELERATORS else None
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=init, max_tasks_per_child=1) as pool:
+                             initializer=_init_worker, initargs=init, max_tasks_per_child=fresh) as pool:
         futures = [(name, label, pool.submit(_run_plan, name, index)) for name, index, label in work]
         for name, label, future in futures:
             try:
@@ -509,9 +521,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log("benchmark: default options at each bench shape")
     copy_gbs = report["copy_bandwidth"]["gbs"]
-    # One op at a time (timings see an idle device), each in a fresh process.
+    # One op at a time (timings see an idle device), each in a fresh process on an accelerator.
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-                             initargs=(*init[:-1], torch.get_num_threads()), max_tasks_per_child=1) as pool:
+                             initargs=(*init[:-1], torch.get_num_threads()), max_tasks_per_child=fresh) as pool:
         for name, op in sorted(ops.items()):
             result = report["ops"][name]
             shapes = list(op.bench_shapes[:1] if args.quick else op.bench_shapes)
