@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import re
 import shlex
@@ -258,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         if not (hasattr(torch, "npu") and torch.npu.is_available()):
             parser.error("target ascend needs torch_npu and an NPU; --target ascend-sim runs on the CPU")
     args.out.mkdir(parents=True, exist_ok=True)
+    from vmi_core.compile import configure_tilelang_logging
+
+    configure_tilelang_logging(logging.ERROR)  # TileLang's compile log: progress is this module's
     report = {"environment": environment(args.target)}
     log("  ".join(f"{k}={v}" for k, v in report["environment"].items() if v))
     if "calibrate" in stages:
