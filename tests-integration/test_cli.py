@@ -104,6 +104,39 @@ def test_bench_prints_kernel_reference_baseline_and_copy_bandwidth(capsys):
     assert not any(line.startswith("per_token_cast (cpu, 2 threads") for line in lines)
 
 
+def test_bench_overhead_splits_a_call_into_its_layers(capsys):
+    status, out, err = in_process(capsys, "bench", "normalize_weight", "--overhead", "--tokens", "1,4")
+    assert status == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].startswith("normalize_weight (cpu, 1 thread, flavor ascend)")
+    assert lines[1].split() == ["shape", "call", "types", "dispatcher", "checks", "launch", "kernels", "overhead",
+                                "launches"]
+    for line, shape in zip(lines[2:4], ("1x8", "4x8"), strict=True):
+        cells = line.split()
+        assert cells[0] == shape and cells[2:16:2] == ["us"] * 7 and cells[-1] == "1", line
+    assert lines[4].startswith("us per call, best of 5 batches")
+
+
+def test_replayed_launches_write_what_the_call_wrote():
+    """The overhead split times the kernels by replaying the argument values one call launched: the
+    replay writes the call's own outputs again, and nothing else."""
+    import torch
+
+    from vmi_core.tools.overhead import recorded_launches
+    from vmi_moe import normalize_weight
+
+    weights = torch.rand(37, 8)
+    with recorded_launches() as launches:
+        denominator, normalized = normalize_weight(weights, target="cpu")
+    assert len(launches) == 1
+    expected = denominator.clone(), normalized.clone()
+    denominator.fill_(float("nan"))
+    normalized.fill_(float("nan"))
+    kernel, values, _ = launches[0]
+    kernel.call_values(values)
+    assert torch.equal(denominator, expected[0]) and torch.equal(normalized, expected[1])
+
+
 def test_bench_decode_sizes_in_microseconds_per_thread_count(capsys):
     """In process (no interpreter start): a decode size, both thread counts."""
     from vmi_core.tools.cli import main

@@ -424,8 +424,7 @@ class KernelCache:
         self._lock = threading.Lock()
 
     def get(self, key, build: Callable[[], object]):
-        with self._lock:
-            kernel = self._kernels.get(key)
+        kernel = self._kernels.get(key)  # one dict read: atomic under the GIL, so a hit takes no lock
         if kernel is None:
             kernel = build()
             with self._lock:

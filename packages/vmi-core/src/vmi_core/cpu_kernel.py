@@ -45,6 +45,10 @@ class CpuKernel:
         self._call = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
 
     def __call__(self, *args):
+        self.call_values(self.values(args))
+
+    def values(self, args) -> list:
+        """The entry point's arguments for a call with ``args``: pointers, scalars, then runtime sizes."""
         values = [arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args]
         for size_sources in self._sizes:
             value = 0
@@ -54,6 +58,9 @@ class CpuKernel:
                     value = tensor.shape[dim] if kind == 0 else tensor.stride(dim) * scale
                     break
             values.append(value)
+        return values
+
+    def call_values(self, values: list) -> None:
         status = self._call(*values)
         if status != 0:
             raise RuntimeError(f"cpu kernel failed: {self._library.get_last_error().decode(errors='replace')}")

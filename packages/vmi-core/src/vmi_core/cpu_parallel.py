@@ -16,10 +16,12 @@ THREADS_ENV = "VMI_CPU_THREADS"
 # Fewer rows than this per thread cost more in hand-off than they gain (a few microseconds each).
 MIN_ROWS_PER_THREAD = 32
 _pool: ThreadPoolExecutor | None = None
+# Read once: os.cpu_count() reads sysfs on every call, several microseconds of a decode-size call.
+_CPU_COUNT = os.cpu_count() or 1
 
 
 def cpu_threads() -> int:
-    return max(1, int(os.environ.get(THREADS_ENV) or os.cpu_count() or 1))
+    return max(1, int(os.environ.get(THREADS_ENV) or _CPU_COUNT))
 
 
 def row_ranges(num_rows: int, threads: int, align: int, min_rows: int) -> list[tuple[int, int]]:

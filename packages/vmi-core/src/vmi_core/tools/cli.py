@@ -213,9 +213,32 @@ def _decode_line(shape, r: dict) -> str:
     return line + f"  {base:>12}  {r.get('base_how', '-'):<27} {r['ref_s'] / r['kernel_s']:>10.1f}  {ratio:>15}"
 
 
+def _bench_overhead(op: OpInfo, options: dict, args) -> int:
+    from . import overhead
+
+    hidden = (args.shape or op.default_shape)[1:]
+    shapes = [args.shape] if args.shape and not args.tokens else [(t, *hidden) for t in args.tokens or (1, 4, 16)]
+    for shape in shapes:
+        _check_shape(op, shape)
+    flavor = resolve_flavor("cpu", args.flavor).name
+    print(f"{op.name} (cpu, 1 thread, flavor {flavor}) options: {', '.join(f'{k}={v}' for k, v in options.items())}")
+    print(f"  {'shape':>11}" + "".join(f"  {c:>10}" for c in overhead.COLUMNS) + "  launches")
+    with bench.threads(1):
+        for shape in shapes:
+            kernel_op, arguments = op.bind(op.make_inputs(shape, options, args.seed), options, flavor)
+            parts = overhead.split(kernel_op, arguments, flavor)
+            print(f"  {'x'.join(map(str, shape)):>11}" + "".join(f"  {parts[c]:7.1f} us" for c in overhead.COLUMNS)
+                  + f"  {parts['launches']:>8}")
+    print("us per call, best of 5 batches. call = types + dispatcher + checks + launch + kernels; "
+          "overhead = call - kernels (" + overhead.__name__ + ").")
+    return 0
+
+
 def cmd_bench(ops, args) -> int:
     op = _op(ops, args.op)
     options = op.parse_options(args.opt)
+    if args.overhead:
+        return _bench_overhead(op, options, args)
     make_baseline = bench.discover_baselines().get(op.name)
     baseline = None if make_baseline is None else make_baseline(op, options)
     if args.plot:
@@ -469,6 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument("--tokens", type=_thread_counts, metavar="1,16,...",
                               help="token counts to run at the hidden size of --shape (default: the op's); "
                                    "with --plot, default: the token counts of the op's bench shapes")
+    bench_parser.add_argument("--overhead", action="store_true",
+                              help="where one call's time goes (type checks, dispatcher, validation, launch, "
+                                   "kernels), 1 thread, at --tokens (default 1,4,16) or --shape")
     bench_parser.add_argument("--plot", type=Path, metavar="FILE.png",
                               help="also write a chart of GB/s by token count for the last thread count "
                                    "(kernel, reference, baseline, copy bandwidth; needs vmi-core[plot])")

@@ -55,6 +55,7 @@ class OpInfo:
     nbytes: Callable
     aliases: tuple[str, ...] = field(default=())
     check_criterion: str = "bit for bit"
+    bind: Callable | None = None  # (inputs, options, flavor) -> (the KernelOp, its cpu arguments)
 
     def parse_options(self, pairs: list[str]) -> dict:
         known = {o.name: o for o in self.options}
@@ -162,11 +163,14 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
     """
     command = op.command
 
-    def call(inputs, options, target, flavor, device):
+    def arguments(inputs, options, target, flavor, device):
         values = {**options, **inputs}
         if command.arguments is not None:
             values.update(command.arguments(inputs, options, resolve_flavor(target, flavor).name))
-        args, mutated = bind(op, values, device)
+        return bind(op, values, device)
+
+    def call(inputs, options, target, flavor, device):
+        args, mutated = arguments(inputs, options, target, flavor, device)
         results = op(*args, target=target, flavor=flavor)
         results = (results,) if isinstance(results, torch.Tensor) else tuple(results or ())
         return (*results, *mutated)
@@ -189,4 +193,5 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
         nbytes=command.nbytes or (lambda inputs, results: _tensor_bytes(inputs) + _tensor_bytes(results)),
         aliases=command.aliases + ((op.name,) if command.name else ()),
         check_criterion=command.check_criterion,
+        bind=lambda inputs, options, flavor: (op, arguments(inputs, options, "cpu", flavor, "cpu")[0]),
     )
