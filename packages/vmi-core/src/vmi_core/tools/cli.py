@@ -3,6 +3,7 @@
     vmi list
     vmi run OP [--shape 4096x7168] [--target cpu|ascend-sim|...] [--flavor ascend] [-o name=value ...]
     vmi bench OP [--shape ...] [--tokens 1,16,...] [--repeat N] [--threads 1,2] [--plot FILE.png] [-o name=value ...]
+    vmi bench OP --overhead [--tokens 1,4,16] [--shape ...] [-o name=value ...]
     vmi source OP --target ascend|cuda|cpu [-o name=value ...]
     vmi source OP --target ascend --stats [--shape ...] [-o name=value ...]
     vmi precompile [--family F] [--target T ...] [--ops OP ...] [--from-config FILE] [-j N]
