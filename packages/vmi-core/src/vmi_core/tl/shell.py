@@ -140,9 +140,10 @@ class Shell:
         """``outs[k][i, j] = value(at)[k]`` over ``shape`` (``vmi_core.tl.vector.elementwise``)."""
         return V.elementwise(self.in_simd, shape, value, outs, pack_e2m1=pack_e2m1, fp4_tiles=fp4_tiles)
 
-    def rowwise(self, rows: int, body):
-        """``body(at)`` per tile row, one lane per row (``vmi_core.tl.vector.rowwise``)."""
-        return V.rowwise(self.in_simd, rows, body)
+    def rowwise(self, rows: int, body, valid=None):
+        """``body(at)`` per tile row, one lane per row, rows from ``valid`` on skipped where that saves
+        work (``vmi_core.tl.vector.rowwise``)."""
+        return V.rowwise(self.in_simd, rows, body, valid)
 
     def column_reduce(self, acc, src, shape, op: str, init):
         """``acc[0, c]`` = ``op`` over the rows of ``src`` (``vmi_core.tl.vector.column_reduce``)."""

@@ -554,18 +554,27 @@ def _rowwise_scalar(rows: int, body):
 
 
 @T.macro
+def _rowwise_scalar_until(rows: int, valid, body):
+    for i in T.Parallel(rows):
+        if i < valid:
+            body(RowAt(i))
+
+
+@T.macro
 def _rowwise_vector(rows: int, body):
     for c in T.serial(rows // LANES):
         body(RowsAt(c * LANES))
 
 
-def rowwise(vector: bool, rows: int, body):
+def rowwise(vector: bool, rows: int, body, valid=None):
     """``body(at)`` for every row of a tile, one lane per row; ``body`` reads and writes through
     ``at`` (``load``/``store`` of a column, ``store_row_value``). The vector form takes
     ``rows`` a multiple of ``LANES``, or fewer (the lanes past them masked), and tiles whose rows
-    are 32-byte multiples."""
+    are 32-byte multiples. ``valid`` (a runtime row count): rows from it on are skipped where a row
+    is a loop iteration (a decode-size call computes its tokens, not the whole tile); vector lanes
+    compute them all, so their results must not be used."""
     if not vector:
-        return _rowwise_scalar(rows, body)
+        return _rowwise_scalar(rows, body) if valid is None else _rowwise_scalar_until(rows, valid, body)
     if rows < LANES:
         body(RowsAt(0, keep(Vec.lane_index(0) < rows)))
     elif rows % LANES == 0:

@@ -30,6 +30,7 @@ times come from NPU events around the op call: GB/s there includes the call's Py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import itertools
 import json
@@ -521,15 +522,21 @@ def main(argv: list[str] | None = None) -> int:
 
     log("benchmark: default options at each bench shape")
     copy_gbs = report["copy_bandwidth"]["gbs"]
-    # One op at a time (timings see an idle device), each in a fresh process on an accelerator.
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-                             initargs=(*init[:-1], torch.get_num_threads()), max_tasks_per_child=fresh) as pool:
+    # One op at a time (timings see an idle device): on an accelerator each in a fresh process, on the
+    # CPU in this one (no device context to poison).
+    bench_init = (*init[:-1], torch.get_num_threads())
+    if fresh is None:
+        _init_worker(*bench_init)
+    with (ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+                              initargs=bench_init, max_tasks_per_child=fresh) if fresh else
+          contextlib.nullcontext()) as pool:
         for name, op in sorted(ops.items()):
             result = report["ops"][name]
             shapes = list(op.bench_shapes[:1] if args.quick else op.bench_shapes)
+            bench_args = (name, shapes, args.repeat, copy_gbs, _t0 + args.budget)
             try:
-                result["bench"], result["bench_errors"] = pool.submit(
-                    _bench_op, name, shapes, args.repeat, copy_gbs, _t0 + args.budget).result()
+                result["bench"], result["bench_errors"] = (pool.submit(_bench_op, *bench_args).result() if pool
+                                                           else _bench_op(*bench_args))
             except Exception as error:  # noqa: BLE001 (a worker that died)
                 result["bench"], result["bench_errors"] = [], [f"worker died: {last_line(error)}"]
             for b in result["bench"]:

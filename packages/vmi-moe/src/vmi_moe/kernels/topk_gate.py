@@ -5,7 +5,8 @@ Work tiles of ``block_m`` tokens go round-robin to persistent workers. Per tile:
 1. DMA the score rows into an on-chip tile;
 2. one lane per token: flag non-finite scores, then ``K`` strict-``>`` scans over the
    row, each taking the largest score ranked after the previous pick (lowest expert
-   among equals); the row is only read;
+   among equals); the row is only read. Where a lane is a loop iteration (cpu, cuda), rows
+   past the token count are skipped: a decode call scans its tokens, not a whole tile;
 3. DMA the indices out as int32 pairs (high words 0).
 
 On Ascend step 2 runs as explicit vector code, one token per lane (``Shell.rowwise``:
@@ -73,8 +74,8 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
             at.store(idx, 2 * k + 1, 0)
 
     @T.macro
-    def select_rows(key, idx, bad):
-        sh.rowwise(BM, lambda at: select_row(key, idx, bad, at))
+    def select_rows(key, idx, bad, valid):
+        sh.rowwise(BM, lambda at: select_row(key, idx, bad, at), valid)
 
     @TK.prim_func
     def topk_gate_kernel(SCORES: TK.Tensor((M, E), "float32"), IDX: TK.Tensor((M, 2 * K), "int32"),
@@ -91,11 +92,11 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
                 # The scans in vector code, one token per lane; the status word (a global store
                 # from flagged lanes) in SIMT.
                 with sh.vector(SIMD):
-                    select_rows(key, idx, bad)
+                    select_rows(key, idx, bad, M - row0)
                 with sh.vector(SIMT):
                     for i in T.Parallel(BM):
-                        # Rows past the token count hold stale data.
-                        if bad[i] > 0 and row0 + i < M:
+                        # Rows past the token count hold stale data, or nothing (not computed).
+                        if row0 + i < M and bad[i] > 0:
                             STATUS[STATUS_NONFINITE] = 1
                 sh.copy(idx, IDX[row0, 0])
 
