@@ -26,23 +26,13 @@ COUNTERPARTS = {
 }
 
 
-def _nbytes(value) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (tuple, list)):
-        return sum(_nbytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    return 0
-
-
 def time_counterparts(ops: list[str] | None, quick: bool, repeat: int) -> list[dict]:
     """Each counterpart at its op's bench shapes (the first only with ``quick``): median µs per call on
     NPU events, and GB/s of the tensors it reads and writes."""
     import torch_npu
 
     from vmi_core.tools.devicecheck import call_time, to_device
-    from vmi_core.tools.registry import discover
+    from vmi_core.tools.registry import discover, tensor_bytes
 
     installed = discover()
     rows = []
@@ -57,7 +47,7 @@ def time_counterparts(ops: list[str] | None, quick: bool, repeat: int) -> list[d
                 inputs = to_device(op.make_inputs(shape, options, 0), "npu")
                 outputs = fn(torch_npu, inputs)
                 seconds = call_time(lambda fn=fn, inputs=inputs: fn(torch_npu, inputs), repeat, "npu")
-                nbytes = _nbytes(inputs) + _nbytes(outputs)
+                nbytes = tensor_bytes(inputs) + tensor_bytes(outputs)
                 row.update(us=seconds * 1e6, gbs=nbytes / seconds / 1e9)
             except Exception as error:  # noqa: BLE001 (an unsupported call is a finding)
                 row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]

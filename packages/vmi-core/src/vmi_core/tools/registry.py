@@ -125,13 +125,14 @@ def bind(op: KernelOp, values: dict, device: str) -> tuple[list, list]:
     return args, mutated
 
 
-def _tensor_bytes(value) -> int:
+def tensor_bytes(value) -> int:
+    """Bytes of the tensors in ``value`` (a tensor, or tuples, lists and dicts of them)."""
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
     if isinstance(value, (tuple, list)):
-        return sum(_tensor_bytes(v) for v in value)
+        return sum(tensor_bytes(v) for v in value)
     if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
+        return sum(tensor_bytes(v) for v in value.values())
     return 0
 
 
@@ -190,7 +191,7 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
         reference=lambda inputs, options, flavor: call(inputs, options, "torch", flavor, "cpu"),
         check=command.check or compare_named(outputs),
         source=_source(op),
-        nbytes=command.nbytes or (lambda inputs, results: _tensor_bytes(inputs) + _tensor_bytes(results)),
+        nbytes=command.nbytes or (lambda inputs, results: tensor_bytes(inputs) + tensor_bytes(results)),
         aliases=command.aliases + ((op.name,) if command.name else ()),
         check_criterion=command.check_criterion,
         bind=lambda inputs, options, flavor: (op, arguments(inputs, options, "cpu", flavor, "cpu")[0]),
