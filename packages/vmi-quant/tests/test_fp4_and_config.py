@@ -95,6 +95,34 @@ def test_expert_rows_of_the_spec_example():
     assert expert_rows(None, 5, 4).tolist() == [True] * 5
 
 
+def test_padding_ranges_are_the_rows_of_no_expert():
+    """``padding_ranges`` (the kernels' zeroing) and ``expert_rows`` (the reference's mask) agree, on the
+    spec example and on random layouts with empty experts, aligned ends and trailing padding."""
+    from vmi_quant.inputs import expert_rows, padding_ranges
+
+    def covered(ranges, num_rows):
+        rows = [False] * num_rows
+        for start, stop in ranges:
+            assert start < stop
+            rows[start:stop] = [True] * (stop - start)
+        return rows
+
+    psum = torch.tensor([3, 4, 9], dtype=torch.int32)
+    assert padding_ranges(psum, 12, 4) == [(3, 4), (9, 12)]
+    g = torch.Generator().manual_seed(5)
+    for _ in range(200):
+        alignment = int(torch.randint(1, 9, (1,), generator=g))
+        counts = torch.randint(0, 4, (int(torch.randint(1, 7, (1,), generator=g)),), generator=g)
+        ends, start = [], 0
+        for count in counts.tolist():
+            ends.append(start + count)
+            start = -(-ends[-1] // alignment) * alignment
+        psum = torch.tensor(ends, dtype=torch.int32)
+        num_rows = ends[-1] + int(torch.randint(0, 5, (1,), generator=g))
+        assert covered(padding_ranges(psum, num_rows, alignment), num_rows) == \
+            (~expert_rows(psum, num_rows, alignment)).tolist(), (ends, num_rows, alignment)
+
+
 @pytest.mark.parametrize("psum,error", [
     (torch.tensor([3, 2], dtype=torch.int32), "psum must not decrease: psum\\[1\\] = 2 is below psum\\[0\\] = 3"),
     (torch.tensor([-1], dtype=torch.int32), "psum\\[0\\] must be >= 0"),

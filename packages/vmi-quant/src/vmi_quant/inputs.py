@@ -191,17 +191,33 @@ def check_psum(psum, name: str, num_rows: int, device: torch.device) -> torch.Te
         raise ValueError(f"{name} must hold at least one expert (an empty psum marks no row valid)")
     if is_traced(psum):
         return psum
-    values = psum.cpu()
-    if int(values[0]) < 0:
-        raise ValueError(f"{name}[0] must be >= 0, got {int(values[0])}")
-    bad = (values[1:] < values[:-1]).nonzero()
-    if bad.numel():
-        e = int(bad[0, 0]) + 1
-        raise ValueError(f"{name} must not decrease: {name}[{e}] = {int(values[e])} is below "
-                         f"{name}[{e - 1}] = {int(values[e - 1])}")
-    if int(values[-1]) > num_rows:
-        raise ValueError(f"{name}[-1] = {int(values[-1])} exceeds the number of rows, {num_rows}")
+    # One read into a list: a few torch ops on a handful of experts cost more than the loop.
+    values = psum.tolist()
+    if values[0] < 0:
+        raise ValueError(f"{name}[0] must be >= 0, got {values[0]}")
+    for e in range(1, len(values)):
+        if values[e] < values[e - 1]:
+            raise ValueError(f"{name} must not decrease: {name}[{e}] = {values[e]} is below "
+                             f"{name}[{e - 1}] = {values[e - 1]}")
+    if values[-1] > num_rows:
+        raise ValueError(f"{name}[-1] = {values[-1]} exceeds the number of rows, {num_rows}")
     return psum
+
+
+def padding_ranges(psum: torch.Tensor, num_rows: int, alignment: int) -> list[tuple[int, int]]:
+    """The row ranges of ``num_rows`` rows that belong to no expert in the psum layout (the rows
+    ``expert_rows`` marks False), in order: expert ``e`` owns ``[start_e, psum[e])``, and these
+    ranges ascend, so the padding is what lies between them and after the last."""
+    ranges, covered, start = [], 0, 0
+    for end in psum.tolist():
+        if end > start:
+            if start > covered:
+                ranges.append((covered, start))
+            covered = end
+        start = (end + alignment - 1) // alignment * alignment
+    if covered < num_rows:
+        ranges.append((covered, num_rows))
+    return ranges
 
 
 def expert_rows(psum: torch.Tensor | None, num_rows: int, alignment: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from vmi_core.tools.testing import generator, randn
 from vmi_quant.sf_layout import SFLayout
 
 from ..config import get_amax_clamp_for_quant, get_token_alignment
-from ..inputs import PLAIN_DTYPES, check_matrix, check_psum, check_same_device, check_sf_options, expert_rows
+from ..inputs import PLAIN_DTYPES, check_matrix, check_psum, check_same_device, check_sf_options, padding_ranges
 from ..kernels import swiglu_forward as parallel
 from ..kernels.common import ScaleRule
 from ..reference import swiglu_forward as reference
@@ -156,11 +156,11 @@ def _execute(x, fmt, num_per_channels, psum, topk_weights, routed_scaling_factor
         parallel.launch(call, target)
     if launch and psum is not None:
         # The outputs are vmi's: the padding rows the kernel skips are +0 (data) and 0 (SF bytes).
-        padding = (~expert_rows(psum, x.shape[0], call.alignment)).nonzero().squeeze(1)
-        for output in (call.out, call.sf):
-            if output is not None:
-                # index_fill_ has no fp8 kernel: zero bytes are +0 there too.
-                (output.view(torch.uint8) if output.element_size() == 1 else output).index_fill_(0, padding, 0)
+        for start, stop in padding_ranges(psum, x.shape[0], call.alignment):
+            for output in (call.out, call.sf):
+                if output is not None:
+                    # No fill kernel for fp8: zero bytes are +0 there too.
+                    (output.view(torch.uint8) if output.element_size() == 1 else output)[start:stop].zero_()
     return call
 
 
