@@ -213,22 +213,24 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
                         cls[i] = active * ACTIVE + forced * FORCED + fixed * FIXED + image * IMAGE
 
                     # Scores and ranking keys, one lane per (token, expert); only routed rows are inspected.
+                    # Rows past the token count are skipped (a decode call scores its tokens, not the tile).
                     for i, e in T.Parallel(BM, E):
                         u = T.alloc_var("float32")
-                        if is_routed(cls[i]):
-                            if is_nonfinite(x[i, e]):
-                                STATUS[STATUS_NONFINITE] = 1
-                        u = sqrt_softplus_forward(x[i, e], flavor)
-                        u = T.Select(is_routed(cls[i]), u, f32_const(0.0))
-                        x[i, e] = u
-                        if spec.has_image and spec.has_bias:
-                            key[i, e] = u + T.Select(cls[i] & IMAGE != 0, ibias_t[e], bias_t[e])
-                        elif spec.has_image:
-                            key[i, e] = u + T.Select(cls[i] & IMAGE != 0, ibias_t[e], f32_const(0.0))
-                        elif spec.has_bias:
-                            key[i, e] = u + bias_t[e]
-                        else:
-                            key[i, e] = u
+                        if row0 + i < M:
+                            if is_routed(cls[i]):
+                                if is_nonfinite(x[i, e]):
+                                    STATUS[STATUS_NONFINITE] = 1
+                            u = sqrt_softplus_forward(x[i, e], flavor)
+                            u = T.Select(is_routed(cls[i]), u, f32_const(0.0))
+                            x[i, e] = u
+                            if spec.has_image and spec.has_bias:
+                                key[i, e] = u + T.Select(cls[i] & IMAGE != 0, ibias_t[e], bias_t[e])
+                            elif spec.has_image:
+                                key[i, e] = u + T.Select(cls[i] & IMAGE != 0, ibias_t[e], f32_const(0.0))
+                            elif spec.has_bias:
+                                key[i, e] = u + bias_t[e]
+                            else:
+                                key[i, e] = u
 
                     # Selection, weights, replicas and random routing, one lane per token.
                     for i in T.Parallel(BM):
