@@ -2,8 +2,10 @@
 its verdicts, and the calibration column of vmi-core's assumption table."""
 
 import json
+import os
 import re
 import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _npu_check(out: Path, *selection: str) -> dict:
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "npu-check"), "--target", "ascend-sim", "--out", str(out),
-                           *selection], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                           *selection], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((out / "report.json").read_text())
 
