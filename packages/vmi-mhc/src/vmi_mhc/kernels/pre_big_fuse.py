@@ -138,13 +138,16 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
         sh.elementwise((BT,), lambda at: split_sum(at.load(sq), at.load(q)), sq)
 
     @T.macro
-    def mixes(acc, sq, biases, args, exps, pre, post, comb, gains, pre_eps, post_mult, sinkhorn_eps, repeat):
+    def mixes(acc, sq, biases, args, exps, pre, post, comb, gains, pre_eps, post_mult, sinkhorn_eps, repeat,
+              num_valid):
+        # Rows past the token count are skipped where a row is a loop iteration (a decode call mixes
+        # its tokens, not the tile); their exps are of stale arguments and never read.
         scalars = (pre_eps, post_mult, sinkhorn_eps, repeat)
         with sh.vector(SIMD):
-            sh.rowwise(BT, lambda at: exp_arguments(acc, sq, biases, gains, args, at))
+            sh.rowwise(BT, lambda at: exp_arguments(acc, sq, biases, gains, args, at), num_valid)
         sh.exp((BT, N3), args, exps)
         with sh.vector(SIMD):
-            sh.rowwise(BT, lambda at: mix_token(exps, pre, post, comb, scalars, at))
+            sh.rowwise(BT, lambda at: mix_token(exps, pre, post, comb, scalars, at), num_valid)
 
     @T.macro
     def apply_mix(x, pre, row, o):
@@ -189,7 +192,8 @@ def build_pre_big_fuse(spec: PreBigFuseSpec, target: str):
                     sh.copy(Q[s, t0], q)
                     with sh.vector(SIMD):
                         add_split(acc, p, sq, q)
-                mixes(acc, sq, biases, args, exps, pre, post, comb, gains, pre_eps, post_mult, sinkhorn_eps, repeat)
+                mixes(acc, sq, biases, args, exps, pre, post, comb, gains, pre_eps, post_mult, sinkhorn_eps, repeat,
+                      num_valid)
                 sh.copy(post, POST[t0, 0])
                 sh.copy(comb, COMB[t0, 0])
                 for row in T.serial(num_valid):
