@@ -60,12 +60,12 @@ def test_a_disagreement_and_a_kernel_that_does_not_run_fail_the_report(monkeypat
     def broken(target):
         raise RuntimeError("bisheng: error: no matching function\nfor call to asc_x")
 
-    monkeypatch.setitem(CALIBRATIONS, "probe", Calibration("probe", "k", ("reductions",), run))
-    monkeypatch.setitem(CALIBRATIONS, "broken", Calibration("broken", "k", ("reductions",), broken))
+    monkeypatch.setitem(CALIBRATIONS, "probe", Calibration("probe", ("reductions",), run))
+    monkeypatch.setitem(CALIBRATIONS, "broken", Calibration("broken", ("reductions",), broken))
     result = calibrate("probe", "ascend-sim")
     assert result.checked == ["same", "off"] and not result.agrees
-    assert result.disagreements == {"off": "1 of 4 elements differ; first at [2]: 0x0000000000000007, "
-                                           "expected 0x0000000000000003"}
+    assert result.disagreements == {"off": "1 of 4 elements differ; first at (2,): actual 7 (0x0000000000000007), "
+                                           "expected 3 (0x0000000000000003)"}
     failed = calibrate("broken", "ascend-sim")
     assert not failed.agrees
     assert failed.error == "RuntimeError: bisheng: error: no matching function ... for call to asc_x"

@@ -121,7 +121,7 @@ def _shown(command: list[str]) -> str:
 
 
 def run_counterparts(target: str, ops: list[str] | None, quick: bool, repeat: int) -> list[dict]:
-    """The torch_npu fused ops of ``baselines.npu`` at each vmi op's bench shapes (``ascend`` only)."""
+    """The torch_npu fused ops of ``npu_counterparts`` at each vmi op's bench shapes (``ascend`` only)."""
     if target != "ascend":
         return []
     from .npu_counterparts import time_counterparts
@@ -135,24 +135,21 @@ def run_counterparts(target: str, ops: list[str] | None, quick: bool, repeat: in
 
 # --- report ---------------------------------------------------------------------------------------
 
-def environment(target: str) -> dict:
-    import tilelang
-    import torch
+def environment(target: str, jobs: int) -> dict:
+    """The device check's environment (versions; on ``ascend`` the NPU, torch_npu and CANN), with the
+    date and the checkout's commit."""
+    from vmi_core.tools.devicecheck import environment as device_environment
 
-    env = {"target": target, "date": datetime.date.today().isoformat(), "python": sys.version.split()[0],
-           "torch": torch.__version__, "tilelang": tilelang.__version__,
-           "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                    text=True).stdout.strip() or os.environ.get("VMI_DEVICECHECK_COMMIT", "")}
-    if target == "ascend":
-        import torch_npu
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return {**device_environment(target, jobs), "date": datetime.date.today().isoformat(), "commit": commit}
 
-        env.update(npu=torch.npu.get_device_name(0), torch_npu=torch_npu.__version__,
-                   cann=os.environ.get("ASCEND_TOOLKIT_HOME", "") or os.environ.get("ASCEND_HOME_PATH", ""))
-    return env
+
+def _agrees(calibration: dict) -> bool:
+    return calibration["error"] is None and not calibration["disagreements"]
 
 
 def failed(report: dict) -> bool:
-    bad = any(not (r["error"] is None and not r["disagreements"]) for r in report.get("calibrations", []))
+    bad = not all(_agrees(r) for r in report.get("calibrations", []))
     tests = report.get("tests")
     bad = bad or bool(tests and (tests["returncode"] not in (0, 5) or "error" in tests))
     bench = report.get("bench")
@@ -168,9 +165,9 @@ def markdown(report: dict) -> str:
                 "Each kernel's results bit for bit against `vmi_devkit.calibration.references` (the documented "
                 "semantics and the model's assumptions). A disagreement on `ascend` settles the rows it names "
                 "against the model: change the model and its row in vmi-core's README.", "",
-                "| kernel | assumption rows it settles | results | verdict |", "| --- | --- | --- | --- |"]
+                "| calibration | assumption rows it settles | results | verdict |", "| --- | --- | --- | --- |"]
         for r in report["calibrations"]:
-            verdict = ("agrees" if r["error"] is None and not r["disagreements"] else
+            verdict = ("agrees" if _agrees(r) else
                        f"did not run: {r['error']}" if r["error"] else
                        "<br>".join(f"`{k}`: {v}" for k, v in r["disagreements"].items()))
             out.append(f"| {r['name']} | {'; '.join(r['rows'])} | {len(r['checked'])} | {verdict.replace('|', '/')} |")
@@ -262,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     from vmi_core.compile import configure_tilelang_logging
 
     configure_tilelang_logging(logging.ERROR)  # TileLang's compile log: progress is this module's
-    report = {"environment": environment(args.target)}
+    report = {"environment": environment(args.target, args.jobs)}
     log("  ".join(f"{k}={v}" for k, v in report["environment"].items() if v))
     if "calibrate" in stages:
         report["calibrations"] = calibrate_all(args.target, names)

@@ -13,7 +13,7 @@ import torch
 
 from vmi_core.checks import INT32_MAX, check_int, check_int_choice, check_kernel_extent, check_tensor, is_traced
 from vmi_core.targets import Flavor
-from vmi_quant.sf_layout import SFLayout, ceil_div
+from vmi_quant.sf_layout import SFLayout, align, ceil_div
 
 from .config import validate_quant_fmt
 
@@ -214,7 +214,7 @@ def padding_ranges(psum: torch.Tensor, num_rows: int, alignment: int) -> list[tu
             if start > covered:
                 ranges.append((covered, start))
             covered = end
-        start = (end + alignment - 1) // alignment * alignment
+        start = align(end, alignment)
     if covered < num_rows:
         ranges.append((covered, num_rows))
     return ranges

@@ -20,15 +20,16 @@ import numpy as np
 import torch
 
 from vmi_core.targets import device_of
+from vmi_core.tools.devicecheck import to_device
+from vmi_core.tools.testing import bitwise_mismatches
 
-from .. import sim_kernels as K
-from . import references as R
+from .. import sim_kernels
+from . import references
 
 
 @dataclass(frozen=True)
 class Calibration:
     name: str
-    kernel: str  # the kernel of vmi_devkit.sim_kernels it runs
     rows: tuple[str, ...]  # topics of the assumption table it settles
     run: Callable[[str], dict[str, tuple[np.ndarray, np.ndarray]]]  # target -> {result: (got, expected)}
 
@@ -48,9 +49,8 @@ class Result:
         return self.error is None and not self.disagreements
 
 
-def _on(target: str, *tensors: torch.Tensor):
-    device = device_of(target)
-    return [t.to(device) for t in tensors]
+def _on(target: str, *tensors: torch.Tensor) -> list:
+    return to_device(list(tensors), device_of(target))
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
@@ -59,54 +59,58 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 
 def _family(family: str, reference: Callable[..., dict]):
     def run(target: str):
-        values = R.family_inputs(family)
+        values = references.family_inputs(family)
         inputs = torch.from_numpy(np.stack([np.ascontiguousarray(v).view(np.int32) for v in values.values()]))
-        got = K.run_family(family, *_on(target, inputs), target=target).cpu().numpy()
+        got = sim_kernels.run_family(family, *_on(target, inputs), target=target).cpu().numpy()
         expected = reference(values)
-        names = K.family_ops(family)
+        names = sim_kernels.family_ops(family)
         assert set(names) == set(expected), set(names) ^ set(expected)
-        return {name: (got[:, n], np.broadcast_to(np.asarray(expected[name]).view(np.int32), (K.ROWS, K.LANES)))
+        shape = (sim_kernels.ROWS, sim_kernels.LANES)
+        return {name: (got[:, n], np.broadcast_to(np.asarray(expected[name]).view(np.int32), shape))
                 for n, name in enumerate(names)}
     return run
 
 
 def _memory(target: str):
-    image, sentinel = R.memory_inputs()
-    loads, outs = K.run_memory(*_on(target, torch.from_numpy(image), torch.from_numpy(sentinel)), target=target)
-    expected_loads, expected_outs = R.memory_reference(image, sentinel)
-    results = {name: (got, want) for name, got, want in zip(K.LOAD_ROWS, loads.cpu().numpy(), expected_loads,
+    image, sentinel = references.memory_inputs()
+    loads, outs = sim_kernels.run_memory(*_on(target, torch.from_numpy(image), torch.from_numpy(sentinel)),
+                                         target=target)
+    expected_loads, expected_outs = references.memory_reference(image, sentinel)
+    results = {name: (got, want) for name, got, want in zip(sim_kernels.LOAD_ROWS, loads.cpu().numpy(), expected_loads,
                                                              strict=True)}
     for kind, got, want in zip(("store_o8", "store_o16", "store_o32"), outs, expected_outs, strict=True):
-        results[kind] = (got.cpu().numpy().view(np.uint8).reshape(K.STORE_ROWS, 256), want)
+        results[kind] = (got.cpu().numpy().view(np.uint8).reshape(sim_kernels.STORE_ROWS, 256), want)
     return results
 
 
 def _gather(target: str):
-    values = R.gather_inputs()
-    got, o32, o16 = K.run_gather(*_on(target, *values.values()), target=target)
-    expected, e32, e16 = R.gather_reference(values)
-    results = {name: (g, e) for name, g, e in zip(K.GATHER_OUT_ROWS, got.cpu().numpy(), expected, strict=True)}
+    values = references.gather_inputs()
+    got, o32, o16 = sim_kernels.run_gather(*_on(target, *values.values()), target=target)
+    expected, e32, e16 = references.gather_reference(values)
+    results = {name: (g, e) for name, g, e in zip(sim_kernels.GATHER_OUT_ROWS, got.cpu().numpy(), expected,
+                                                   strict=True)}
     results.update(scatter_o32=(o32.cpu().numpy(), e32), scatter_o16=(o16.cpu().numpy(), e16))
     return results
 
 
 def _simt(target: str):
-    x, i = R.simt_inputs()
-    got = K.run_simt_arith(*_on(target, torch.from_numpy(x), torch.from_numpy(i)), target=target).cpu().numpy()
-    expected = R.simt_reference(x, i)
+    x, i = references.simt_inputs()
+    got = sim_kernels.run_simt_arith(*_on(target, torch.from_numpy(x), torch.from_numpy(i)), target=target)
+    got = got.cpu().numpy()
+    expected = references.simt_reference(x, i)
     results = {}
-    for k, name in enumerate(K.SIMT_OPS):
+    for k, name in enumerate(sim_kernels.SIMT_OPS):
         row = got[k]
         if not name.startswith("int_"):  # any NaN counts as the reference's NaN
-            row = R.canonical(row.view(np.float32)).view(np.int32)
+            row = references.canonical(row.view(np.float32)).view(np.int32)
         results[name] = (row, expected[name])
     return results
 
 
 def _dma(target: str):
-    x = R.dma_inputs()
-    got = K.run_dma_rounding(*_on(target, torch.from_numpy(x.view(np.float32))), target=target)
-    return {"rounding_bytes": (_bits(got), R.dma_reference(x).view(np.int32))}
+    x = references.dma_inputs()
+    got = sim_kernels.run_dma_rounding(*_on(target, torch.from_numpy(x.view(np.float32))), target=target)
+    return {"rounding_bytes": (_bits(got), references.dma_reference(x).view(np.int32))}
 
 
 CUBE_SHAPE = (48, 32, 96)  # m, n, k: 3, 2 and 6 fractals, all different
@@ -125,43 +129,39 @@ def cube_operands(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _cube(target: str):
     a, b = cube_operands()
-    got = K.cube_gemm(*_on(target, a, b), target=target)
-    return {"gemm": (_bits(got), _bits(K.cube_gemm_reference(a, b)))}
+    got = sim_kernels.cube_gemm(*_on(target, a, b), target=target)
+    return {"gemm": (_bits(got), _bits(sim_kernels.cube_gemm_reference(a, b)))}
 
 
 CALIBRATIONS = {c.name: c for c in (
-    Calibration("vector-float", "vector_family float", (
+    Calibration("vector-float", (
         "vector float arithmetic", "TileLang's default `vdiv`", "vector `sqrt`", "vector NaN results",
         "vector `max`/`min` with NaN", "vector `abs`/`neg` (f32)", "reductions", "predicate bits"),
-        _family("float", lambda v: R.float_reference(v["a"], v["b"]))),
-    Calibration("vector-int", "vector_family int", ("integer overflow", "predicate bits", "reductions"),
-                _family("int", lambda v: R.int_reference(v["i"], v["j"], v["s"], np.arange(K.ROWS)))),
-    Calibration("vector-convert", "vector_family convert", ("`vcvt`", "vector NaN results"),
-                _family("convert", lambda v: R.convert_reference(v["a"], v["i"], v["h"]))),
-    Calibration("vector-rearrange", "vector_family rearrange",
-                ("interleave, de-interleave", "register gather (`vselr`)"),
-                _family("rearrange", lambda v: R.rearrange_reference(v["a"], v["b"], v["idx"]))),
-    Calibration("vector-memory", "vector_memory", ("vector load/store addresses", "predicate bytes in UB"), _memory),
-    Calibration("vector-gather", "vector_gather", ("gathers and scatters of UB",), _gather),
-    Calibration("simt", "simt_arith", ("SIMT float arithmetic", "SIMT `fabsf`, ...", "integer overflow"), _simt),
-    Calibration("dma", "dma_rounding", ("DMA UB rounding bytes", "DMA strides"), _dma),
-    Calibration("cube", "cube_gemm", ("Mmad order", "L0A/L0B layout", "L0C layout", "`asc_set_gm2l1_nz_para`"),
+        _family("float", lambda v: references.float_reference(v["a"], v["b"]))),
+    Calibration("vector-int", ("integer overflow", "predicate bits", "reductions"),
+                _family("int", lambda v: references.int_reference(v["i"], v["j"], v["s"],
+                                                                  np.arange(sim_kernels.ROWS)))),
+    Calibration("vector-convert", ("`vcvt`", "vector NaN results"),
+                _family("convert", lambda v: references.convert_reference(v["a"], v["i"], v["h"]))),
+    Calibration("vector-rearrange", ("interleave, de-interleave", "register gather (`vselr`)"),
+                _family("rearrange", lambda v: references.rearrange_reference(v["a"], v["b"], v["idx"]))),
+    Calibration("vector-memory", ("vector load/store addresses", "predicate bytes in UB"), _memory),
+    Calibration("vector-gather", ("gathers and scatters of UB",), _gather),
+    Calibration("simt", ("SIMT float arithmetic", "SIMT `fabsf`, ...", "integer overflow"), _simt),
+    Calibration("dma", ("DMA UB rounding bytes", "DMA strides"), _dma),
+    Calibration("cube", ("Mmad order", "L0A/L0B layout", "L0C layout", "`asc_set_gm2l1_nz_para`"),
                 _cube),
 )}
 
 
 def _first_difference(got: np.ndarray, expected: np.ndarray) -> str | None:
-    got, expected = np.asarray(got), np.asarray(expected)
+    got, expected = (torch.from_numpy(np.ascontiguousarray(a)) for a in (got, expected))
     if got.shape != expected.shape:
-        return f"shape {got.shape} != {expected.shape}"
-    bad = np.argwhere(got != expected)
-    if not len(bad):
+        return f"shape {tuple(got.shape)} != {tuple(expected.shape)}"
+    first = bitwise_mismatches(got, expected, limit=1)
+    if not first:
         return None
-    at = tuple(int(i) for i in bad[0])
-    width = 2 * got.dtype.itemsize
-    mask = (1 << (8 * got.dtype.itemsize)) - 1
-    return (f"{len(bad)} of {got.size} elements differ; first at {list(at)}: "
-            f"{int(got[at]) & mask:#0{width + 2}x}, expected {int(expected[at]) & mask:#0{width + 2}x}")
+    return f"{int((got != expected).sum())} of {got.numel()} elements differ; first {first[0].strip()}"
 
 
 def calibrate(name: str, target: str) -> Result:

@@ -248,11 +248,6 @@ def extreme(values, active, largest: bool, floats: bool):
     return best, at
 
 
-def _lanes(value_lanes, dtype=np.int32) -> np.ndarray:
-    """A register of 32-bit lanes from anything of 256 bytes."""
-    return np.ascontiguousarray(value_lanes).view(dtype).astype(dtype)
-
-
 def float_reference(a, b) -> dict:
     """Expected int32 bit patterns per op, each (ROWS, 64)."""
     ref = {}

@@ -226,7 +226,7 @@ def _bench_overhead(op: OpInfo, options: dict, args) -> int:
     print(f"  {'shape':>11}" + "".join(f"  {c:>10}" for c in overhead.COLUMNS) + "  launches")
     with bench.threads(1):
         for shape in shapes:
-            kernel_op, arguments = op.bind(op.make_inputs(shape, options, args.seed), options, flavor)
+            kernel_op, arguments = op.kernel_op_arguments(op.make_inputs(shape, options, args.seed), options, flavor)
             parts = overhead.split(kernel_op, arguments, flavor)
             print(f"  {'x'.join(map(str, shape)):>11}" + "".join(f"  {parts[c]:7.1f} us" for c in overhead.COLUMNS)
                   + f"  {parts['launches']:>8}")

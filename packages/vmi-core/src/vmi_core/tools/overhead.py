@@ -29,7 +29,7 @@ COLUMNS = ("call", "types", "dispatcher", "checks", "launch", "kernels", "overhe
 def best_us(fn, batches: int = 5) -> float:
     """Microseconds per ``fn()``: the best of ``batches`` batches of calls lasting at least 20 ms."""
     fn()
-    n, start = 1, time.perf_counter()
+    start = time.perf_counter()
     fn()
     once = max(time.perf_counter() - start, 1e-7)
     n = max(1, int(MIN_BATCH_SECONDS / once))

@@ -55,7 +55,7 @@ class OpInfo:
     nbytes: Callable
     aliases: tuple[str, ...] = field(default=())
     check_criterion: str = "bit for bit"
-    bind: Callable | None = None  # (inputs, options, flavor) -> (the KernelOp, its cpu arguments)
+    kernel_op_arguments: Callable | None = None  # (inputs, options, flavor) -> (the KernelOp, its cpu arguments)
 
     def parse_options(self, pairs: list[str]) -> dict:
         known = {o.name: o for o in self.options}
@@ -194,5 +194,5 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
         nbytes=command.nbytes or (lambda inputs, results: tensor_bytes(inputs) + tensor_bytes(results)),
         aliases=command.aliases + ((op.name,) if command.name else ()),
         check_criterion=command.check_criterion,
-        bind=lambda inputs, options, flavor: (op, arguments(inputs, options, "cpu", flavor, "cpu")[0]),
+        kernel_op_arguments=lambda inputs, options, flavor: (op, arguments(inputs, options, "cpu", flavor, "cpu")[0]),
     )
