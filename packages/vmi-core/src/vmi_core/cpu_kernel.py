@@ -10,11 +10,15 @@ ranges from several threads).
 from __future__ import annotations
 
 import ctypes
+from contextvars import ContextVar
 
 import torch
 
 _SCALAR_CTYPES = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "float32": ctypes.c_float,
                   "float64": ctypes.c_double, "bool": ctypes.c_bool}
+
+# The recorder of the call being planned (``vmi_core.plan``), where one is.
+LAUNCH_RECORDER: ContextVar = ContextVar("vmi_launch_recorder", default=None)
 
 
 class CpuKernel:
@@ -45,6 +49,9 @@ class CpuKernel:
         self._call = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
 
     def __call__(self, *args):
+        recorder = LAUNCH_RECORDER.get()
+        if recorder is not None:
+            recorder.launch(self, args)
         self.call_values(self.values(args))
 
     def values(self, args) -> list:

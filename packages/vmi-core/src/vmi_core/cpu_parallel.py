@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from .cpu_kernel import LAUNCH_RECORDER
+
 THREADS_ENV = "VMI_CPU_THREADS"
 # Fewer rows than this per thread cost more in hand-off than they gain (a few microseconds each).
 MIN_ROWS_PER_THREAD = 32
@@ -38,18 +40,26 @@ def row_ranges(num_rows: int, threads: int, align: int, min_rows: int) -> list[t
     return ranges
 
 
+def run_concurrently(calls: list[Callable[[], object]]) -> None:
+    """Each of ``calls``, on the pool's threads, until all have returned."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(cpu_threads(), thread_name_prefix="vmi-cpu")
+    for future in [_pool.submit(call) for call in calls]:
+        future.result()
+
+
 def run_rows(run: Callable[[int, int], None], num_rows: int, *, align: int = 1,
              min_rows: int = MIN_ROWS_PER_THREAD) -> None:
     """Call ``run(start, stop)`` over row ranges, concurrently when there is more than one."""
-    global _pool
     ranges = row_ranges(num_rows, cpu_threads(), align, min_rows)
-    if len(ranges) == 1:
+    recorder = LAUNCH_RECORDER.get()
+    if recorder is not None:
+        recorder.ranges(run, ranges)
+    elif len(ranges) == 1:
         run(*ranges[0])
-        return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(cpu_threads(), thread_name_prefix="vmi-cpu")
-    for future in [_pool.submit(run, start, stop) for start, stop in ranges]:
-        future.result()
+    else:
+        run_concurrently([lambda start=start, stop=stop: run(start, stop) for start, stop in ranges])
 
 
 def launch_rows(target: str, run: Callable[[int, int], None], num_rows: int, *, align: int = 1,

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .plan import PlanCache
 from .targets import require_kernel
 
 NAMESPACE = "vmi"
@@ -192,12 +193,15 @@ class KernelOp:
     ``run`` is described in the module docstring. ``autograd = (backward, setup_context)``
     registers a derivative (``torch.library.register_autograd``; the op must not mutate).
     ``command`` makes it an op of the ``vmi`` command; ``family`` is its package's
-    (``vmi_quant`` -> ``quant``).
+    (``vmi_quant`` -> ``quant``). A repeat ``cpu`` call runs from its signature's launch plan
+    (``vmi_core.plan``) unless the op writes an argument or ``plans=False`` (an op whose launch
+    depends on where its inputs lie relative to each other, which no signature records).
     """
 
     def __init__(self, name: str, params: Sequence[Param], returns: Sequence[str], run: Callable, *,
                  outs: Sequence[str] = (), out_list: bool = False,
-                 autograd: tuple[Callable, Callable] | None = None, command: Command | None = None):
+                 autograd: tuple[Callable, Callable] | None = None, command: Command | None = None,
+                 plans: bool = True):
         if out_list and len(outs) != 1:
             raise ValueError(f"{name}: a list of preallocated outputs is one parameter")
         if outs and not out_list and len(outs) != len(returns):
@@ -209,6 +213,7 @@ class KernelOp:
         self.outs = tuple(outs)
         self.out_list = out_list
         self.run = run
+        self.plans = PlanCache() if plans and not any(p.mutable for p in self.params) else None
         self.command = command
         self.family = run.__module__.partition(".")[0].removeprefix(f"{NAMESPACE}_")
         if name in KERNEL_OPS:
@@ -256,7 +261,10 @@ class KernelOp:
         _LIBRARY.define(self.schema())
 
         def kernel(*args, target=None, flavor=None):
-            return self.run(*self._complete(args), out=None, target=target, flavor=flavor, launch=True)
+            def run():
+                return self.run(*self._complete(args), out=None, target=target, flavor=flavor, launch=True)
+
+            return run() if self.plans is None else self.plans.call(args, target, flavor, run)
 
         def fake(*args, target=None, flavor=None):
             return self.run(*self._complete(args), out=None, target=target, flavor=flavor, launch=False)

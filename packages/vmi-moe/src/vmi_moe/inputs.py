@@ -7,9 +7,12 @@ the argument, and no output is written.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from vmi_core.checks import check_int
+from vmi_core.plan import check_values
 
 from .kernels.common import STATUS_BAD_COUNT, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_WORDS
 
@@ -38,9 +41,12 @@ def raise_status(status: torch.Tensor, op: str, values: str, indices: str = "") 
     """Raise ``ValueError`` naming the arguments for every flag the kernel raised (one device sync).
 
     ``values``: the argument whose non-finite entries the kernel flags; ``indices``: the
-    argument whose expert ids it flags.
+    argument whose expert ids it flags. A planned call (``vmi_core.plan``) checks them again.
     """
-    words = status.tolist()
+    check_values(status, functools.partial(_raise_flags, op=op, values=values, indices=indices))
+
+
+def _raise_flags(words: list[int], op: str, values: str, indices: str) -> None:
     errors = []
     if words[STATUS_NONFINITE]:
         errors.append(f"{values} contains non-finite values (NaN or +-inf) where {op} reads them")

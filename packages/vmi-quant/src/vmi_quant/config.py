@@ -11,6 +11,7 @@ SwiGLU ops (each expert's rows start at a multiple of it; ``vmi_quant.inputs.exp
 from __future__ import annotations
 
 from vmi_core.checks import check_float, check_int
+from vmi_core.plan import invalidate
 
 FORMATS = ("e4m3", "e2m1")
 
@@ -72,6 +73,7 @@ def set_amax_clamp_for_quant(fmt: str, use_e4m3_sf: bool, clamp_min_value: float
     if not value > 0.0:
         raise ValueError(f"clamp_min_value must be a positive amax clamp, got {value!r}")
     _amax_clamp[(fmt, bool(use_e4m3_sf))] = value
+    invalidate()
 
 
 def get_token_alignment() -> int:
@@ -98,6 +100,7 @@ def set_token_alignment(alignment: int) -> None:
     """
     global _token_alignment
     _token_alignment = check_int(alignment, "alignment", 1, 1 << 20)
+    invalidate()
 
 
 def reset_runtime_config() -> None:
@@ -106,3 +109,4 @@ def reset_runtime_config() -> None:
     _amax_clamp.clear()
     _amax_clamp.update(_DEFAULT_AMAX_CLAMP)
     _token_alignment = _DEFAULT_TOKEN_ALIGNMENT
+    invalidate()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import INT32_MAX, check_int, check_int_choice, check_kernel_extent, check_tensor, is_traced
+from vmi_core.plan import values_of
 from vmi_core.targets import Flavor
 from vmi_quant.sf_layout import SFLayout, align, ceil_div
 
@@ -192,7 +193,7 @@ def check_psum(psum, name: str, num_rows: int, device: torch.device) -> torch.Te
     if is_traced(psum):
         return psum
     # One read into a list: a few torch ops on a handful of experts cost more than the loop.
-    values = psum.tolist()
+    values = values_of(psum)
     if values[0] < 0:
         raise ValueError(f"{name}[0] must be >= 0, got {values[0]}")
     for e in range(1, len(values)):
@@ -209,7 +210,7 @@ def padding_ranges(psum: torch.Tensor, num_rows: int, alignment: int) -> list[tu
     ``expert_rows`` marks False), in order: expert ``e`` owns ``[start_e, psum[e])``, and these
     ranges ascend, so the padding is what lies between them and after the last."""
     ranges, covered, start = [], 0, 0
-    for end in psum.tolist():
+    for end in values_of(psum):
         if end > start:
             if start > covered:
                 ranges.append((covered, start))

@@ -28,6 +28,7 @@ import torch
 
 from vmi_core.checks import INT32_MAX, check_disjoint, check_kernel_extent, check_tensor, is_traced
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
+from vmi_core.plan import check_values
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 from vmi_core.tools.testing import generator, randn
 
@@ -166,7 +167,11 @@ def _launch(weights: Sequence[Weight], outs: Sequence[torch.Tensor], block_size:
     for i, w in enumerate(weights):
         parallel.launch(spec, w.sf, _storage(outs[2 * i], w.grouped), _storage(outs[2 * i + 1], w.grouped),
                         status[i:i + 1], target)
-    flagged = [f"sf[{i}]" for i, word in enumerate(status.tolist()) if word]
+    check_values(status, _raise_flagged)
+
+
+def _raise_flagged(words: list[int]) -> None:
+    flagged = [f"sf[{i}]" for i, word in enumerate(words) if word]
     if flagged:
         raise ValueError(f"batched_transpose_weight_sf: {', '.join(flagged)} must hold +0 or positive powers of "
                          f"two (UE8M0 scales): a scale has a sign or mantissa bit, or is inf or NaN")

@@ -1,0 +1,379 @@
+"""Launch plans: a repeat ``cpu`` call with the same signature goes straight to its kernels.
+
+An op's ``run`` validates its arguments, allocates its outputs and launches its kernels; on a
+decode-size call that Python work costs many times the kernels. Almost all of it depends only on
+the call's *signature*: the dtypes, shapes and strides of the tensors, the other arguments, the
+target, flavor, thread count and the runtime settings. So the first ``cpu`` call of a signature runs
+as always while a recorder watches it, and what it saw becomes the signature's plan:
+
+* the outputs' allocations (size, strides, dtype, fill value) and the views the op returns;
+* every compiled kernel's launch, with its argument values, each pointer as an offset from an
+  input or an allocation, and which launches ran as concurrent row ranges;
+* fills of allocations, and the checks of values a kernel wrote (``check_values``), in order.
+
+A later call of that signature allocates, launches and checks from the plan. A signature whose
+first call did anything else gets no plan and always runs in full: a torch operation that computes
+or writes (only allocations, views and fills of allocations are allowed), a read of values the
+launch depends on (``values_of``), a kernel argument in none or several of the inputs, an op that
+writes its arguments, preallocated outputs, or a target other than ``cpu``. Ops read tensor values
+only through ``check_values`` and ``values_of`` (a test holds every package to that), so no value a
+plan would skip is read unseen. Settings that validation reads (``vmi_quant``'s amax clamp and
+token alignment) call ``invalidate`` when they change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .cpu_kernel import LAUNCH_RECORDER, CpuKernel
+from .cpu_parallel import THREADS_ENV, run_concurrently
+from .targets import FLAVOR_ENV, TARGET_ENV
+
+# Plans kept per op: a serving loop's token counts each make a signature.
+MAX_PLANS_PER_OP = 256
+_generation = 0
+_aten = torch.ops.aten
+# Allocations, by the fill value they start with (None: uninitialized; an int: the argument
+# index of the fill value).
+_ALLOCATIONS = {_aten.empty.memory_format: None, _aten.empty_strided.default: None, _aten.empty_like.default: None,
+                _aten.new_empty.default: None, _aten.zeros.default: 0, _aten.zeros_like.default: 0,
+                _aten.new_zeros.default: 0, _aten.ones.default: 1.0, _aten.full.default: "value"}
+_VIEWS = {_aten.view.default, _aten.view.dtype, _aten._unsafe_view.default, _aten.slice.Tensor, _aten.select.int,
+          _aten.as_strided.default, _aten.detach.default, _aten.alias.default, _aten.t.default,
+          _aten.transpose.int, _aten.permute.default, _aten.unsqueeze.default, _aten.squeeze.dim,
+          _aten.squeeze.default, _aten.expand.default, _aten.unfold.default, _aten.split.Tensor,
+          _aten.split_with_sizes.default, _aten.unbind.int, _aten.narrow.default, _aten.diagonal.default}
+_FILLS = {_aten.zero_.default: 0, _aten.fill_.Scalar: "value"}
+
+
+def invalidate() -> None:
+    """Forget every plan: call after changing a setting that an op's validation reads."""
+    global _generation
+    _generation += 1
+
+
+def check_values(t: torch.Tensor, check: Callable[[list], None]) -> None:
+    """``check(t.tolist())``: how an op validates values (a kernel's status words, say); a planned
+    call runs the check again on its own tensor. ``check`` only raises; ``t`` is an allocation of
+    the call or a view of one."""
+    recorder = LAUNCH_RECORDER.get()
+    if recorder is not None:
+        recorder.check(t, check)
+    check(t.tolist())
+
+
+def values_of(t: torch.Tensor) -> list:
+    """``t.tolist()``, for an op whose launch depends on the values: such a call gets no plan."""
+    recorder = LAUNCH_RECORDER.get()
+    if recorder is not None:
+        recorder.refuse("the launch depends on tensor values")
+    return t.tolist()
+
+
+def _tensor_signature(t: torch.Tensor):
+    return t.dtype, t.shape, t.stride()
+
+
+def _signature(args: tuple, target, flavor):
+    """The signature of a call, or None where no plan applies (not ``cpu``, or a tensor that is
+    not a plain CPU tensor)."""
+    if (target or os.environ.get(TARGET_ENV) or "cpu") != "cpu":
+        return None
+    key = [_generation, flavor, os.environ.get(FLAVOR_ENV), os.environ.get(THREADS_ENV)]
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            if arg.device.type != "cpu" or type(arg) not in (torch.Tensor, torch.nn.Parameter):
+                return None
+            key.append(_tensor_signature(arg))
+        elif isinstance(arg, list):
+            if arg and isinstance(arg[0], torch.Tensor):
+                if any(t.device.type != "cpu" or type(t) not in (torch.Tensor, torch.nn.Parameter) for t in arg):
+                    return None
+                key.append(tuple(_tensor_signature(t) for t in arg))
+            else:
+                key.append(tuple(arg))
+        elif isinstance(arg, float):
+            key.append(arg.hex())  # -0.0 == 0.0, but a kernel may see the sign
+        else:
+            key.append((type(arg), arg))
+    return tuple(key)
+
+
+def _input_tensors(args: tuple) -> list[tuple[int, int | None, torch.Tensor]]:
+    """``(argument index, list index or None, tensor)`` of every tensor argument."""
+    found = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, torch.Tensor):
+            found.append((i, None, arg))
+        elif isinstance(arg, list):
+            found.extend((i, j, t) for j, t in enumerate(arg) if isinstance(t, torch.Tensor))
+    return found
+
+
+def _storage_range(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+@dataclass(frozen=True)
+class _View:
+    """A view of allocation ``source``: its dtype, shape, strides and storage offset."""
+
+    source: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    def of(self, bases: list[torch.Tensor]) -> torch.Tensor:
+        base = bases[self.source]
+        if base.dtype != self.dtype:
+            return torch.empty(0, dtype=self.dtype).set_(base.untyped_storage(), self.offset, self.shape, self.stride)
+        if base.shape == self.shape and base.stride() == self.stride and not self.offset:
+            return base
+        return base.as_strided(self.shape, self.stride, self.offset)
+
+
+@dataclass(frozen=True)
+class _Allocation:
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    fill: object  # None: uninitialized
+
+    def make(self) -> torch.Tensor:
+        t = torch.empty_strided(self.size, self.stride, dtype=self.dtype)
+        if self.fill is not None:
+            t.fill_(self.fill)
+        return t
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """One kernel call: its argument values, with ``slots`` ``(position, pointer index, offset)``
+    filled from the call's pointers."""
+
+    kernel: CpuKernel
+    values: tuple
+    slots: tuple[tuple[int, int, int], ...]
+
+    def __call__(self, pointers: list[int]) -> None:
+        values = list(self.values)
+        for position, pointer, offset in self.slots:
+            values[position] = pointers[pointer] + offset
+        self.kernel.call_values(values)
+
+
+@dataclass(frozen=True)
+class _LaunchGroup:
+    """The launches of one ``run_rows``: one list per row range, the ranges run concurrently."""
+
+    ranges: tuple[tuple[_Launch, ...], ...]
+
+    def replay(self, pointers: list[int], bases: list[torch.Tensor]) -> None:
+        if len(self.ranges) == 1:
+            for launch in self.ranges[0]:
+                launch(pointers)
+            return
+        run_concurrently([lambda launches=launches: [launch(pointers) for launch in launches]
+                          for launches in self.ranges])
+
+
+@dataclass(frozen=True)
+class _Fill:
+    view: _View
+    value: object
+
+    def replay(self, pointers: list[int], bases: list[torch.Tensor]) -> None:
+        self.view.of(bases).fill_(self.value)
+
+
+@dataclass(frozen=True)
+class _Check:
+    view: _View
+    check: Callable[[list], None]
+
+    def replay(self, pointers: list[int], bases: list[torch.Tensor]) -> None:
+        self.check(self.view.of(bases).tolist())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a call of one signature does (see the module docstring)."""
+
+    inputs: tuple[tuple[int, int | None], ...]  # the tensor arguments kernels read, as pointers 0..
+    allocations: tuple[_Allocation, ...]  # pointers len(inputs)..
+    actions: tuple
+    outputs: tuple[_View, ...]
+    single: bool  # the op returns one tensor, not a tuple
+
+    def execute(self, args: tuple):
+        pointers = [(args[i] if j is None else args[i][j]).data_ptr() for i, j in self.inputs]
+        bases = [allocation.make() for allocation in self.allocations]
+        pointers += [base.data_ptr() for base in bases]
+        for action in self.actions:
+            action.replay(pointers, bases)
+        outputs = tuple(view.of(bases) for view in self.outputs)
+        return outputs[0] if self.single else outputs
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Recorder(TorchDispatchMode):
+    """Watches one call (see the module docstring); ``plan(result)`` is its plan, or None."""
+
+    def __init__(self, args: tuple):
+        super().__init__()
+        self.inputs = _input_tensors(args)
+        self.input_ranges = [_storage_range(t) for _, _, t in self.inputs]
+        self.used_inputs: dict[int, int] = {}  # input number -> pointer index among the used inputs
+        self.allocations: list[tuple[torch.Tensor, object]] = []
+        self.actions: list = []
+        self.group: list[list] | None = None
+        self.refusal: str | None = None
+
+    def refuse(self, why: str) -> None:
+        if self.refusal is None:
+            self.refusal = why
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func in _ALLOCATIONS:
+            fill = _ALLOCATIONS[func]
+            self.allocations.append((result, args[1] if fill == "value" else fill))
+        elif func in _FILLS:
+            fill = _FILLS[func]
+            try:
+                self.actions.append(_Fill(self._view(args[0]), args[1] if fill == "value" else fill))
+            except _Refused as refused:
+                self.refuse(str(refused))
+        elif func not in _VIEWS:
+            self.refuse(f"it runs {func}")
+        return result
+
+    def _allocation_of(self, t: torch.Tensor) -> int:
+        ptr = t.untyped_storage().data_ptr()
+        for i, (allocation, _) in enumerate(self.allocations):
+            if allocation.untyped_storage().data_ptr() == ptr:
+                return i
+        raise _Refused("a tensor it checks, fills or returns is not one it allocated")
+
+    def _view(self, t: torch.Tensor) -> _View:
+        return _View(self._allocation_of(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+
+    def check(self, t: torch.Tensor, check: Callable[[list], None]) -> None:
+        try:
+            self.actions.append(_Check(self._view(t), check))
+        except _Refused as refused:
+            self.refuse(str(refused))
+
+    def ranges(self, run: Callable[[int, int], None], ranges: list[tuple[int, int]]) -> None:
+        """``run`` over ``ranges`` one after the other in this thread, recorded as one group."""
+        outer, self.group = self.group, []
+        try:
+            for start, stop in ranges:
+                self.group.append([])
+                run(start, stop)
+            self.actions.append(_LaunchGroup(tuple(tuple(r) for r in self.group)))
+        finally:
+            self.group = outer
+
+    def launch(self, kernel: CpuKernel, args: tuple) -> None:
+        values = kernel.values(args)
+        slots = []
+        for position, arg in enumerate(args):
+            if isinstance(arg, torch.Tensor) and arg.numel():
+                try:
+                    slots.append((position, *self._pointer(arg.data_ptr())))
+                except _Refused as refused:
+                    self.refuse(str(refused))
+                    return
+        launch = _Launch(kernel, tuple(values), tuple(slots))
+        if self.group is None:
+            self.actions.append(_LaunchGroup(((launch,),)))
+        else:
+            self.group[-1].append(launch)
+
+    def _pointer(self, ptr: int) -> tuple[int, int]:
+        """``(pointer index, offset)`` of a kernel argument's address: an input's or an allocation's."""
+        holders = [k for k, (lo, hi) in enumerate(self.input_ranges) if lo <= ptr < hi]
+        if len(holders) > 1:
+            raise _Refused("a kernel argument lies in several inputs")
+        if holders:
+            k = holders[0]
+            index = self.used_inputs.setdefault(k, len(self.used_inputs))
+            return index, ptr - self.inputs[k][2].data_ptr()
+        for i, (allocation, _) in enumerate(self.allocations):
+            lo, hi = _storage_range(allocation)
+            if lo <= ptr < hi:
+                return -1 - i, ptr - allocation.data_ptr()
+        raise _Refused("a kernel argument lies in no input and no allocation")
+
+    def plan(self, result) -> Plan | None:
+        if self.refusal is not None:
+            return None
+        single = isinstance(result, torch.Tensor)
+        results = (result,) if single else result
+        if not all(isinstance(t, torch.Tensor) for t in results):
+            return None
+        try:
+            outputs = tuple(self._view(t) for t in results)
+        except _Refused:
+            return None
+        # Allocation pointers follow the used inputs': renumber the launches' slots.
+        first = len(self.used_inputs)
+
+        def renumber(launch: _Launch) -> _Launch:
+            slots = tuple((p, first - 1 - i if i < 0 else i, o) for p, i, o in launch.slots)
+            return _Launch(launch.kernel, launch.values, slots)
+
+        actions = tuple(_LaunchGroup(tuple(tuple(renumber(x) for x in r) for r in a.ranges))
+                        if isinstance(a, _LaunchGroup) else a for a in self.actions)
+        inputs = sorted(self.used_inputs.items(), key=lambda item: item[1])
+        allocations = tuple(_Allocation(tuple(t.shape), t.stride(), t.dtype, fill) for t, fill in self.allocations)
+        return Plan(tuple(self.inputs[k][:2] for k, _ in inputs), allocations, actions, outputs, single)
+
+
+class PlanCache:
+    """The plans of one op by signature (see the module docstring)."""
+
+    def __init__(self):
+        self._plans: dict = {}
+
+    def call(self, args: tuple, target: str | None, flavor: str | None, run: Callable):
+        """``run()``'s result for a call with dispatcher arguments ``args``: from the signature's
+        plan where it has one, else by running (and, the first time, recording) it."""
+        key = _signature(args, target, flavor)
+        if key is None:
+            return run()
+        plan = self._plans.get(key, _UNSEEN)
+        if plan is None:
+            return run()
+        if plan is not _UNSEEN:
+            return plan.execute(args)
+        recorder = _Recorder(args)
+        token = LAUNCH_RECORDER.set(recorder)
+        try:
+            with recorder:
+                result = run()
+        finally:
+            LAUNCH_RECORDER.reset(token)
+        if len(self._plans) >= MAX_PLANS_PER_OP:
+            del self._plans[next(iter(self._plans))]
+        self._plans[key] = recorder.plan(result)
+        return result
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+
+_UNSEEN = object()
