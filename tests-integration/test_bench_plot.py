@@ -59,7 +59,7 @@ def test_figure_without_a_baseline_has_three_lines():
 
 def test_bench_plot_writes_a_png_with_its_series(tmp_path, capsys):
     path = tmp_path / "cast.png"
-    assert main(["bench", "cast", "--shape", "64x256", "--tokens", "4,64", "--repeat", "1", "--threads", "1",
+    assert main(["bench", "cast", "--shape", "64x256", "--tokens", "4,64", "--min-time", "0.01", "--threads", "1",
                  "--plot", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"written to {path}" in out

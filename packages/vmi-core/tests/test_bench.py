@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV, cpu_threads
-from vmi_core.tools.bench import best_time, copy_bandwidth, in_row_chunks, threads
+from vmi_core.tools.bench import copy_bandwidth, in_row_chunks, measure, threads
 
 
 @pytest.mark.parametrize("rows", [None, 4, 32, 128, 1000])
@@ -40,11 +40,12 @@ def test_threads_sets_and_restores_torch_and_kernel_threads():
     assert torch.get_num_threads() == saved_torch and os.environ.get(THREADS_ENV) == saved_env
 
 
-def test_best_time_warms_up_and_takes_the_minimum():
+def test_measure_keeps_the_warm_up_result_and_times_blocks_of_calls():
     calls = []
-    result, seconds = best_time(lambda: calls.append(1) or len(calls), 3)
-    assert result == 4 and len(calls) == 4 and seconds >= 0
+    timing = measure(lambda: calls.append(1) or len(calls), min_run_time=0.01)
+    assert timing.result == 1 and len(calls) > timing.calls >= 1
+    assert timing.median > 0 and timing.iqr >= 0
 
 
 def test_copy_bandwidth_is_positive():
-    assert copy_bandwidth(1 << 20, repeat=2) > 0
+    assert copy_bandwidth(1 << 20, min_run_time=0.01) > 0

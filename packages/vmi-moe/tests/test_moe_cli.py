@@ -26,7 +26,7 @@ def test_list_names_the_four_ops(capsys):
 @pytest.mark.parametrize("flavor", ["ascend", "cuda"])
 @pytest.mark.parametrize("op", OPS)
 def test_run_matches_reference(capsys, op: str, flavor: str):
-    assert main(["run", op, "--shape", SMALL.get(op, "300x72"), "--flavor", flavor, "--repeat", "1"]) == 0
+    assert main(["run", op, "--shape", SMALL.get(op, "300x72"), "--flavor", flavor, "--min-time", "0.01"]) == 0
     out = capsys.readouterr().out
     assert "matches the reference" in out and "bit-exact torch reference" in out
 
@@ -34,20 +34,21 @@ def test_run_matches_reference(capsys, op: str, flavor: str):
 def test_run_on_ascend_sim(capsys):
     """``vmi run --target ascend-sim``: topk_gate's emitted AscendC on the simulated vector core."""
     assert main(["run", "topk_gate", "--shape", "300x72", "-o", "num_topk=6", "--target", "ascend-sim",
-                 "--repeat", "1"]) == 0
+                 "--min-time", "0.01"]) == 0
     out = capsys.readouterr().out
     assert "target=ascend-sim" in out and "matches the reference" in out
 
 
 def test_run_with_options(capsys):
     assert main(["run", "moe_topk_gate", "--shape", "200x36", "-o", "num_topk=6", "-o", "num_shared_experts=2",
-                 "--repeat", "1"]) == 0
-    assert main(["run", "moe_topk_gate_backward", "--shape", "120x64", "-o", "num_sequences=3", "--repeat", "1"]) == 0
+                 "--min-time", "0.01"]) == 0
+    assert main(["run", "moe_topk_gate_backward", "--shape", "120x64", "-o", "num_sequences=3",
+                 "--min-time", "0.01"]) == 0
     assert capsys.readouterr().out.count("matches the reference") == 2
 
 
 def test_bench_prints_ratios(capsys):
-    assert main(["bench", "topk_gate", "--shape", "256x72", "--repeat", "1"]) == 0
+    assert main(["bench", "topk_gate", "--shape", "256x72", "--min-time", "0.01"]) == 0
     out = capsys.readouterr().out
     assert "256x72" in out and "MISMATCH" not in out
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vmi_core.kernel as vmi_kernel
+from vmi_core.plan import invalidate
 from vmi_core.tools.registry import discover
 from vmi_quant.ops.cast_back import cast_back
 from vmi_quant.ops.per_token_cast import per_token_cast
@@ -24,8 +25,10 @@ HIDDEN = 512  # four 128-wide pieces per token
 
 def _folds(module_name: str, monkeypatch) -> list[int]:
     """Rows of every kernel launch of ``module_name`` (recorded through the ``launch_rows`` that
-    ``Kernel.launch_rows`` runs; each test calls the op of that one module)."""
+    ``Kernel.launch_rows`` runs; each test calls the op of that one module). Plans are forgotten:
+    a planned call launches without ``launch_rows``."""
     assert module_name in sys.modules
+    invalidate()
     launched: list[int] = []
     original = vmi_kernel.launch_rows
 

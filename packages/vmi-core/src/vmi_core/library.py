@@ -209,6 +209,8 @@ class KernelOp:
         self.name = name
         self.params = tuple(params)
         self._accepts = tuple((p, _KINDS[p.kind][0]) for p in self.params)
+        # The positional arguments a call must give: up to the last parameter without a default.
+        self._required = max((i + 1 for i, p in enumerate(self.params) if not p.has_default), default=0)
         self.returns = tuple(returns)
         self.outs = tuple(outs)
         self.out_list = out_list
@@ -260,11 +262,13 @@ class KernelOp:
     def _define(self) -> None:
         _LIBRARY.define(self.schema())
 
-        def kernel(*args, target=None, flavor=None):
-            def run():
-                return self.run(*self._complete(args), out=None, target=target, flavor=flavor, launch=True)
+        def launch(args, target, flavor):
+            return self.run(*self._complete(args), out=None, target=target, flavor=flavor, launch=True)
 
-            return run() if self.plans is None else self.plans.call(args, target, flavor, run)
+        def kernel(*args, target=None, flavor=None):
+            if self.plans is None:
+                return launch(args, target, flavor)
+            return self.plans.call(args, target, flavor, launch)
 
         def fake(*args, target=None, flavor=None):
             return self.run(*self._complete(args), out=None, target=target, flavor=flavor, launch=False)
@@ -286,13 +290,22 @@ class KernelOp:
         _LIBRARY.impl(f"{self.name}.out", kernel_out, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{self.qualname}.out", fake_out, lib=_LIBRARY)
 
+    def dispatcher_arguments(self, args) -> tuple:
+        """``args`` as the dispatcher hands them to the registered kernel: lists for list parameters."""
+        return tuple(list(v) if p.kind.endswith("[]") and v is not None else v
+                     for p, v in zip(self.params, args, strict=False))
+
+    def plan_of(self, *args, target: str | None = None, flavor: str | None = None):
+        """The launch plan (``vmi_core.plan``) a call with ``args`` runs from, or None."""
+        return None if self.plans is None else self.plans.plan_of(self.dispatcher_arguments(args), target, flavor)
+
     def check_types(self, args: tuple) -> None:
         for (param, accepts), value in zip(self._accepts, args, strict=False):
             if not accepts(value) and not (value is None and param.optional):
                 param.check(value, self.name)
-        for param in self.params[len(args):]:
-            if not param.has_default:
-                raise TypeError(f"{self.name}: missing argument {param.name}")
+        if len(args) < self._required:
+            missing = next(p for p in self.params[len(args):] if not p.has_default)
+            raise TypeError(f"{self.name}: missing argument {missing.name}")
 
     def __call__(self, *args, out: Sequence[torch.Tensor] | None = None, target: str | None = None,
                  flavor: str | None = None):
@@ -310,9 +323,9 @@ class KernelOp:
             except Exception:
                 raise wrong_type from None
             raise
-        for name, value in (("target", target), ("flavor", flavor)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{self.name}: {name} must be a str or None, got {type(value).__name__}")
+        if not isinstance(target, (str, type(None))) or not isinstance(flavor, (str, type(None))):
+            name, value = ("target", target) if not isinstance(target, (str, type(None))) else ("flavor", flavor)
+            raise TypeError(f"{self.name}: {name} must be a str or None, got {type(value).__name__}")
         if out is None:
             return self.default(*args, target=target, flavor=flavor)
         if not self.outs:

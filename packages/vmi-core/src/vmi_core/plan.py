@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -76,8 +75,9 @@ def values_of(t: torch.Tensor) -> list:
     return t.tolist()
 
 
-def _tensor_signature(t: torch.Tensor):
-    return t.dtype, t.shape, t.stride()
+def _plain(t: torch.Tensor) -> bool:
+    """A dense CPU tensor, not a subclass."""
+    return t.is_cpu and t.layout is torch.strided and type(t) in (torch.Tensor, torch.nn.Parameter)
 
 
 def _signature(args: tuple, target, flavor):
@@ -85,17 +85,17 @@ def _signature(args: tuple, target, flavor):
     not a plain CPU tensor)."""
     if (target or os.environ.get(TARGET_ENV) or "cpu") != "cpu":
         return None
-    key = [_generation, flavor, os.environ.get(FLAVOR_ENV), os.environ.get(THREADS_ENV)]
+    key = [_generation, flavor or os.environ.get(FLAVOR_ENV), os.environ.get(THREADS_ENV)]
     for arg in args:
         if isinstance(arg, torch.Tensor):
-            if arg.device.type != "cpu" or type(arg) not in (torch.Tensor, torch.nn.Parameter):
+            if not _plain(arg):
                 return None
-            key.append(_tensor_signature(arg))
+            key.append((arg.dtype, arg.shape, arg.stride()))
         elif isinstance(arg, list):
             if arg and isinstance(arg[0], torch.Tensor):
-                if any(t.device.type != "cpu" or type(t) not in (torch.Tensor, torch.nn.Parameter) for t in arg):
+                if not all(_plain(t) for t in arg):
                     return None
-                key.append(tuple(_tensor_signature(t) for t in arg))
+                key.append(tuple((t.dtype, t.shape, t.stride()) for t in arg))
             else:
                 key.append(tuple(arg))
         elif isinstance(arg, float):
@@ -146,12 +146,14 @@ class _Allocation:
     stride: tuple[int, ...]
     dtype: torch.dtype
     fill: object  # None: uninitialized
+    contiguous: bool
 
     def make(self) -> torch.Tensor:
-        t = torch.empty_strided(self.size, self.stride, dtype=self.dtype)
-        if self.fill is not None:
-            t.fill_(self.fill)
-        return t
+        if self.fill is None:
+            return torch.empty_strided(self.size, self.stride, dtype=self.dtype)
+        if self.fill == 0 and self.contiguous:
+            return torch.zeros(self.size, dtype=self.dtype)
+        return torch.empty_strided(self.size, self.stride, dtype=self.dtype).fill_(self.fill)
 
 
 @dataclass(frozen=True)
@@ -214,13 +216,28 @@ class Plan:
     single: bool  # the op returns one tensor, not a tuple
 
     def execute(self, args: tuple):
-        pointers = [(args[i] if j is None else args[i][j]).data_ptr() for i, j in self.inputs]
-        bases = [allocation.make() for allocation in self.allocations]
-        pointers += [base.data_ptr() for base in bases]
+        pointers, bases = self._allocate(args)
         for action in self.actions:
             action.replay(pointers, bases)
         outputs = tuple(view.of(bases) for view in self.outputs)
         return outputs[0] if self.single else outputs
+
+    def _allocate(self, args: tuple) -> tuple[list[int], list[torch.Tensor]]:
+        pointers = [(args[i] if j is None else args[i][j]).data_ptr() for i, j in self.inputs]
+        bases = [allocation.make() for allocation in self.allocations]
+        return pointers + [base.data_ptr() for base in bases], bases
+
+    def kernels(self, args: tuple) -> tuple[Callable[[], None], int]:
+        """A function that runs only this plan's kernel launches for one call with ``args`` (its
+        outputs allocated once, here), and the number of launches."""
+        pointers, bases = self._allocate(args)
+        groups = [action for action in self.actions if isinstance(action, _LaunchGroup)]
+
+        def run() -> None:
+            for group in groups:
+                group.replay(pointers, bases)
+
+        return run, sum(len(launches) for group in groups for launches in group.ranges)
 
 
 class _Refused(Exception):
@@ -339,7 +356,8 @@ class _Recorder(TorchDispatchMode):
         actions = tuple(_LaunchGroup(tuple(tuple(renumber(x) for x in r) for r in a.ranges))
                         if isinstance(a, _LaunchGroup) else a for a in self.actions)
         inputs = sorted(self.used_inputs.items(), key=lambda item: item[1])
-        allocations = tuple(_Allocation(tuple(t.shape), t.stride(), t.dtype, fill) for t, fill in self.allocations)
+        allocations = tuple(_Allocation(tuple(t.shape), t.stride(), t.dtype, fill, t.is_contiguous())
+                            for t, fill in self.allocations)
         return Plan(tuple(self.inputs[k][:2] for k, _ in inputs), allocations, actions, outputs, single)
 
 
@@ -349,22 +367,21 @@ class PlanCache:
     def __init__(self):
         self._plans: dict = {}
 
-    def call(self, args: tuple, target: str | None, flavor: str | None, run: Callable):
-        """``run()``'s result for a call with dispatcher arguments ``args``: from the signature's
-        plan where it has one, else by running (and, the first time, recording) it."""
+    def call(self, args: tuple, target: str | None, flavor: str | None, launch: Callable):
+        """``launch(args, target, flavor)``'s result for a call with dispatcher arguments ``args``:
+        from the signature's plan where it has one, else by launching (and, the first time,
+        recording) it."""
         key = _signature(args, target, flavor)
-        if key is None:
-            return run()
-        plan = self._plans.get(key, _UNSEEN)
+        plan = None if key is None else self._plans.get(key, _UNSEEN)
         if plan is None:
-            return run()
+            return launch(args, target, flavor)
         if plan is not _UNSEEN:
             return plan.execute(args)
         recorder = _Recorder(args)
         token = LAUNCH_RECORDER.set(recorder)
         try:
             with recorder:
-                result = run()
+                result = launch(args, target, flavor)
         finally:
             LAUNCH_RECORDER.reset(token)
         if len(self._plans) >= MAX_PLANS_PER_OP:
@@ -372,8 +389,10 @@ class PlanCache:
         self._plans[key] = recorder.plan(result)
         return result
 
-    def clear(self) -> None:
-        self._plans.clear()
+    def plan_of(self, args: tuple, target: str | None, flavor: str | None) -> Plan | None:
+        """The plan of the signature of a call with dispatcher arguments ``args``, where it has one."""
+        plan = self._plans.get(_signature(args, target, flavor))
+        return plan if isinstance(plan, Plan) else None
 
 
 _UNSEEN = object()

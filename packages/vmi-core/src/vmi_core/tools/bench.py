@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 import torch
+from torch.utils.benchmark import Timer
 
 from ..cpu_parallel import THREADS_ENV
 
 # Row chunks whose temporaries stay in cache: the chunk the baselines try besides the whole tensor.
 CHUNK_ROWS = 128
 COPY_BYTES = 256 << 20
+# Seconds of calls per measurement (torch.utils.benchmark's blocked_autorange): blocks of calls
+# until this much time is spent, each block long enough that reading the clock costs nothing.
+MIN_RUN_TIME = 0.2
 BASELINE_GROUP = "vmi.baselines"
 
 
@@ -113,16 +116,25 @@ def in_row_chunks(fn: Callable, num_rows: int, rows: int | None):
     return outs[0] if single else tuple(outs)
 
 
-def best_time(fn: Callable, repeat: int) -> tuple[object, float]:
-    """The result of ``fn()`` and its best (minimum) wall time in seconds over ``repeat`` runs after one
-    warm-up call."""
+@dataclass(frozen=True)
+class Timing:
+    """``fn()``'s result (of the warm-up call) and its seconds per call: the median over blocks of
+    calls, their interquartile range, and how many calls were timed."""
+
+    result: object
+    median: float
+    iqr: float
+    calls: int
+
+
+def measure(fn: Callable, min_run_time: float = MIN_RUN_TIME) -> Timing:
+    """``fn`` timed by ``torch.utils.benchmark``'s blocked autorange, with the current torch thread
+    count, after one warm-up call: at least ``min_run_time`` seconds of calls (and at least one
+    block: a slow ``fn`` runs once more after its warm-up, and once to size the block)."""
     result = fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return result, best
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    measurement = timer.blocked_autorange(min_run_time=min_run_time)
+    return Timing(result, measurement.median, measurement.iqr, measurement.number_per_run * len(measurement.times))
 
 
 @contextlib.contextmanager
@@ -141,10 +153,9 @@ def threads(n: int):
             os.environ[THREADS_ENV] = saved_env
 
 
-def copy_bandwidth(nbytes: int = COPY_BYTES, repeat: int = 5) -> float:
+def copy_bandwidth(nbytes: int = COPY_BYTES, min_run_time: float = MIN_RUN_TIME) -> float:
     """Bytes per second of ``dst.copy_(src)`` of an ``nbytes`` uint8 buffer (bytes read + written),
-    best of ``repeat`` after a warm-up, with the current torch thread count."""
+    timed as ``measure`` times, with the current torch thread count."""
     src = torch.ones(nbytes, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    _, seconds = best_time(lambda: dst.copy_(src), repeat)
-    return 2 * nbytes / seconds
+    return 2 * nbytes / measure(lambda: dst.copy_(src), min_run_time).median

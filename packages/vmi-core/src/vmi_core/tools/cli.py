@@ -2,7 +2,7 @@
 
     vmi list
     vmi run OP [--shape 4096x7168] [--target cpu|ascend-sim|...] [--flavor ascend] [-o name=value ...]
-    vmi bench OP [--shape ...] [--tokens 1,16,...] [--repeat N] [--threads 1,2] [--plot FILE.png] [-o name=value ...]
+    vmi bench OP [--shape ...] [--tokens 1,16,...] [--min-time S] [--threads 1,2] [--plot FILE.png] [-o name=value ...]
     vmi bench OP --overhead [--tokens 1,4,16] [--shape ...] [-o name=value ...]
     vmi source OP --target ascend|cuda|cpu [-o name=value ...]
     vmi source OP --target ascend --stats [--shape ...] [-o name=value ...]
@@ -56,6 +56,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
 
 
@@ -137,16 +147,20 @@ def cmd_run(ops, args) -> int:
     start = time.perf_counter()
     outputs = op.run(inputs, options, target, flavor)
     first = time.perf_counter() - start
-    # Best of --repeat, as `vmi bench` times.
-    _, kernel_s = bench.best_time(lambda: op.run(inputs, options, target, flavor), args.repeat)
-    expected, ref_s = bench.best_time(lambda: op.reference(inputs, options, flavor), args.repeat)
+    # Timed as `vmi bench` times.
+    kernel = bench.measure(lambda: op.run(inputs, options, target, flavor), args.min_time)
+    # The reference is written for exact bits, not speed (seconds at large shapes): one call.
+    start = time.perf_counter()
+    expected = op.reference(inputs, options, flavor)
+    ref_s = time.perf_counter() - start
     mismatches = op.check(outputs, expected)
     shown = ", ".join(f"{k}={v}" for k, v in options.items())
     print(f"{op.name} shape={'x'.join(map(str, shape))} target={target} flavor={flavor} {shown}")
     print(f"  first call (includes compile or cache load): {first * 1e3:.1f} ms")
-    # The reference is written for exact bits, not speed: no ratio against it (`vmi bench` has a baseline).
-    print(f"  kernel {kernel_s * 1e3:.3f} ms, bit-exact torch reference {ref_s * 1e3:.3f} ms "
-          f"(best of {args.repeat}; `vmi bench` compares with a torch baseline)")
+    # No ratio against the reference (`vmi bench` compares with a torch baseline).
+    print(f"  kernel {kernel.median * 1e3:.3f} ms (median of {kernel.calls} calls, interquartile range "
+          f"{kernel.iqr * 1e3:.3f} ms), bit-exact torch reference "
+          f"{ref_s * 1e3:.3f} ms (one call; `vmi bench` compares with a torch baseline)")
     if mismatches:
         print("  MISMATCH against the reference:")
         print("\n".join(mismatches))
@@ -168,21 +182,22 @@ def _baseline_runs(baseline, num_rows: int) -> list[int | None]:
     return [bench.CHUNK_ROWS] if baseline.is_reference else [None, bench.CHUNK_ROWS]
 
 
-def _bench_shape(op: OpInfo, options: dict, baseline, inputs: dict, flavor: str, repeat: int) -> dict:
-    """Times (best of ``repeat``) of the kernel, the reference and the baseline (if any) at one shape."""
-    outputs, kernel_s = bench.best_time(lambda: op.run(inputs, options, "cpu", flavor), repeat)
-    expected, ref_s = bench.best_time(lambda: op.reference(inputs, options, flavor), repeat)
-    row = {"kernel_s": kernel_s, "ref_s": ref_s, "nbytes": op.nbytes(inputs, outputs),
-           "kernel_ok": not op.check(outputs, expected)}
+def _bench_shape(op: OpInfo, options: dict, baseline, inputs: dict, flavor: str, min_time: float) -> dict:
+    """Times (``bench.measure``) of the kernel, the reference and the baseline (if any) at one shape."""
+    kernel = bench.measure(lambda: op.run(inputs, options, "cpu", flavor), min_time)
+    reference = bench.measure(lambda: op.reference(inputs, options, flavor), min_time)
+    outputs, expected = kernel.result, reference.result
+    row = {"kernel_s": kernel.median, "spread": kernel.iqr / kernel.median, "ref_s": reference.median,
+           "nbytes": op.nbytes(inputs, outputs), "kernel_ok": not op.check(outputs, expected)}
     if baseline is None:
         return row
     num_rows = next(_tensors(inputs)).shape[0]
     try:
         best = None
         for rows in _baseline_runs(baseline, num_rows):
-            result, seconds = bench.best_time(lambda rows=rows: baseline.run(inputs, flavor, rows), repeat)
-            if best is None or seconds < best[1]:
-                best = (result, seconds, rows)
+            timing = bench.measure(lambda rows=rows: baseline.run(inputs, flavor, rows), min_time)
+            if best is None or timing.median < best[1]:
+                best = (timing.result, timing.median, rows)
         result, row["base_s"], rows = best
         how = ("reference " if baseline.is_reference else "") + ("whole" if rows is None else f"chunked {rows}")
         if op.check(result, expected):
@@ -198,7 +213,7 @@ def _bench_shape(op: OpInfo, options: dict, baseline, inputs: dict, flavor: str,
 def _throughput_line(shape, r: dict, copy_bps: float) -> str:
     def timed(seconds: float) -> str:
         return f"{seconds * 1e3:9.2f} ms {r['nbytes'] / seconds / 1e9:6.2f} GB/s"
-    line = f"  {'x'.join(map(str, shape)):>11}  {timed(r['kernel_s'])}  {timed(r['ref_s'])}"
+    line = f"  {'x'.join(map(str, shape)):>11}  {timed(r['kernel_s'])}  {100 * r['spread']:5.1f}%  {timed(r['ref_s'])}"
     if "base_error" in r:
         return line + f"  baseline error: {r['base_error']}"
     base, vs = (timed(r["base_s"]), f"{r['base_s'] / r['kernel_s']:.2f}") if "base_s" in r else ("-", "-")
@@ -207,7 +222,8 @@ def _throughput_line(shape, r: dict, copy_bps: float) -> str:
 
 
 def _decode_line(shape, r: dict) -> str:
-    line = f"  {'x'.join(map(str, shape)):>11}  {r['kernel_s'] * 1e6:9.1f} us  {r['ref_s'] * 1e6:9.1f} us"
+    line = (f"  {'x'.join(map(str, shape)):>11}  {r['kernel_s'] * 1e6:9.1f} us  {100 * r['spread']:5.1f}%  "
+            f"{r['ref_s'] * 1e6:9.1f} us")
     if "base_error" in r:
         return line + f"  baseline error: {r['base_error']}"
     base, vs = (f"{r['base_s'] * 1e6:.1f} us", f"{r['base_s'] / r['kernel_s']:.2f}") if "base_s" in r else ("-", "-")
@@ -223,15 +239,15 @@ def _bench_overhead(op: OpInfo, options: dict, args) -> int:
         _check_shape(op, shape)
     flavor = resolve_flavor("cpu", args.flavor).name
     print(f"{op.name} (cpu, 1 thread, flavor {flavor}) options: {', '.join(f'{k}={v}' for k, v in options.items())}")
-    print(f"  {'shape':>11}" + "".join(f"  {c:>10}" for c in overhead.COLUMNS) + "  launches")
+    print(f"  {'shape':>11}" + "".join(f"  {c:>10}" for c in overhead.COLUMNS) + "  launches  planned")
     with bench.threads(1):
         for shape in shapes:
             kernel_op, arguments = op.kernel_op_arguments(op.make_inputs(shape, options, args.seed), options, flavor)
             parts = overhead.split(kernel_op, arguments, flavor)
             print(f"  {'x'.join(map(str, shape)):>11}" + "".join(f"  {parts[c]:7.1f} us" for c in overhead.COLUMNS)
-                  + f"  {parts['launches']:>8}")
-    print("us per call, best of 5 batches. call = types + dispatcher + checks + launch + kernels; "
-          "overhead = call - kernels (" + overhead.__name__ + ").")
+                  + f"  {parts['launches']:>8}  {'yes' if parts['planned'] else 'no':>7}")
+    print("us per call, best of 5 batches. call = types + dispatcher + plan + kernels; overhead = call - kernels; "
+          "unplanned: the call without launch plans (" + overhead.__name__ + ").")
     return 0
 
 
@@ -266,23 +282,25 @@ def cmd_bench(ops, args) -> int:
             copy_bps = bench.copy_bandwidth()
             print(f"{op.name} (cpu, {n} thread{'s' if n > 1 else ''}, flavor {flavor}) options: {shown}")
             print(f"  copy bandwidth {copy_bps / 1e9:.1f} GB/s (dst.copy_(src) of 256 MiB uint8, bytes read + "
-                  f"written, best of 5)")
+                  f"written, median)")
             print(f"  baseline: {NO_BASELINE if baseline is None else baseline.what}")
             rows = {}
             for shape in shapes:
                 if shape not in inputs_of:
                     inputs_of[shape] = op.make_inputs(shape, options, args.seed)
-                rows[shape] = _bench_shape(op, options, baseline, inputs_of[shape], flavor, args.repeat)
+                rows[shape] = _bench_shape(op, options, baseline, inputs_of[shape], flavor, args.min_time)
             mismatch = {shape: "" if r["kernel_ok"] else "  (KERNEL MISMATCH)" for shape, r in rows.items()}
             big = [shape for shape in shapes if shape[0] > DECODE_ROWS]
             if big:
-                print(f"  {'shape':>11}  {'kernel':>24}  {'reference':>24}  {'baseline':>24}  {'baseline run':<27} "
+                print(f"  {'shape':>11}  {'kernel':>24}  {'spread':>6}  {'reference':>24}  {'baseline':>24}  "
+                      f"{'baseline run':<27} "
                       f"{'vs ref':>10}  {'vs baseline':>11}  {'% copy':>6}")
                 for shape in big:
                     print(_throughput_line(shape, rows[shape], copy_bps) + mismatch[shape])
             small = [shape for shape in shapes if shape[0] <= DECODE_ROWS]
             if small:
-                print(f"  {'decode':>11}  {'kernel':>12}  {'reference':>12}  {'baseline':>12}  {'baseline run':<27} "
+                print(f"  {'decode':>11}  {'kernel':>12}  {'spread':>6}  {'reference':>12}  {'baseline':>12}  "
+                      f"{'baseline run':<27} "
                       f"{'vs ref':>10}  {'vs baseline':>11}")
                 for shape in small:
                     print(_decode_line(shape, rows[shape]) + mismatch[shape])
@@ -293,8 +311,9 @@ def cmd_bench(ops, args) -> int:
                  f"hidden {'x'.join(map(str, shapes[0][1:]))}")
         plot.save_png(plot.throughput_figure(title, rows, copy_bps), args.plot)
         print(f"chart of GB/s by token count ({n} thread{'s' if n > 1 else ''}) written to {args.plot}")
-    print(f"times: best of {args.repeat} after a warm-up call, kernel, reference and baseline alike. Ratios: "
-          f"the other's time / the kernel's (> 1: the kernel is faster).")
+    print(f"times: median per call of torch.utils.benchmark's blocked autorange (at least {args.min_time:g} s of "
+          f"calls after a warm-up call), kernel, reference and baseline alike; spread: the kernel's interquartile "
+          f"range / median. Ratios: the other's time / the kernel's (> 1: the kernel is faster).")
     print("% copy: the kernel's GB/s as a share of the copy bandwidth.")
     print(f"same / close / differs: the baseline's outputs against the reference ({op.check_criterion}).")
     return 1 if failed else 0
@@ -480,21 +499,23 @@ def build_parser() -> argparse.ArgumentParser:
     run = op_parser("run", "run an op, check it against the reference, time both")
     run.add_argument("--shape", type=_shape, help="input shape, e.g. 4096x7168 (default: the op's)")
     run.add_argument("--target", choices=TARGETS, default="cpu", help="where the kernel runs (default cpu)")
-    run.add_argument("--repeat", type=_positive, default=3,
-                     help="timed calls of the kernel and of the reference (default 3)")
+    run.add_argument("--min-time", type=_seconds, default=bench.MIN_RUN_TIME, metavar="S",
+                     help=f"seconds of timed kernel calls, as vmi bench times (default {bench.MIN_RUN_TIME}); the "
+                          f"reference is timed once")
     bench_parser = op_parser("bench", "the cpu kernel against the torch reference, a torch baseline and the "
                                       "machine's copy bandwidth")
     bench_parser.add_argument("--shape", type=_shape, help="one shape, e.g. 4096x7168 (default: the op's bench shapes)")
-    bench_parser.add_argument("--repeat", type=_positive, default=10,
-                              help="timed calls per shape, best kept (default 10)")
+    bench_parser.add_argument("--min-time", type=_seconds, default=bench.MIN_RUN_TIME, metavar="S",
+                              help=f"seconds of timed calls per measurement (torch.utils.benchmark's blocked "
+                                   f"autorange; default {bench.MIN_RUN_TIME})")
     bench_parser.add_argument("--threads", type=_thread_counts, default=(1, 2), metavar="1,2",
                               help="thread counts to run (torch threads and VMI_CPU_THREADS), default 1,2")
     bench_parser.add_argument("--tokens", type=_thread_counts, metavar="1,16,...",
                               help="token counts to run at the hidden size of --shape (default: the op's); "
                                    "with --plot, default: the token counts of the op's bench shapes")
     bench_parser.add_argument("--overhead", action="store_true",
-                              help="where one call's time goes (type checks, dispatcher, validation, launch, "
-                                   "kernels), 1 thread, at --tokens (default 1,4,16) or --shape")
+                              help="where one call's time goes (type checks, dispatcher, launch plan, kernels; "
+                                   "the call without plans), 1 thread, at --tokens (default 1,4,16) or --shape")
     bench_parser.add_argument("--plot", type=Path, metavar="FILE.png",
                               help="also write a chart of GB/s by token count for the last thread count "
                                    "(kernel, reference, baseline, copy bandwidth; needs vmi-core[plot])")

@@ -1,17 +1,18 @@
 """Where the time of one cpu op call goes: ``vmi bench OP --overhead``.
 
 A call of ``torch.ops.vmi.<op>`` through its public function passes these layers, each timed on its
-own (best of several batches, one thread):
+own (best of several batches, one thread), once the signature's launch plan exists
+(``vmi_core.plan``):
 
 * ``call``: the whole call, as ``KernelOp.__call__`` makes it (the public functions call it);
 * ``types``: its argument type checks (``call`` less ``dispatch``);
-* ``dispatcher``: torch's dispatcher into vmi's registered kernel (``dispatch`` less ``run``);
-* ``checks``: the op's validation, specialisation and output allocation (``run`` without a launch);
-* ``launch``: kernel lookup, row splits, views and argument packing (``run`` less ``checks`` less
-  ``kernels``);
-* ``kernels``: the compiled C kernels alone, called through ctypes with the argument values the
-  launch computed (recorded during one call, then replayed);
-* ``overhead``: ``call`` less ``kernels``.
+* ``dispatcher``: torch's dispatcher into vmi's registered kernel (``dispatch`` less ``planned``);
+* ``plan``: the signature's lookup, the outputs' allocation and the kernels' pointers (``planned``
+  less ``kernels``); for a signature without a plan, the op's validation and launch;
+* ``kernels``: the compiled C kernels alone, called through ctypes with the plan's argument values;
+* ``overhead``: ``call`` less ``kernels``;
+* ``unplanned``: the whole call with the op's plans turned off: validation, allocation and launch
+  on every call.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..cpu_kernel import CpuKernel
 from ..library import KernelOp
 
 MIN_BATCH_SECONDS = 0.02
-COLUMNS = ("call", "types", "dispatcher", "checks", "launch", "kernels", "overhead")
+COLUMNS = ("call", "types", "dispatcher", "plan", "kernels", "overhead", "unplanned")
 
 
 def best_us(fn, batches: int = 5) -> float:
@@ -45,8 +46,8 @@ def best_us(fn, batches: int = 5) -> float:
 @contextlib.contextmanager
 def recorded_launches():
     """Yields a list of ``(kernel, argument values, arguments)`` for each cpu kernel launched while the
-    block runs. The arguments are kept so that the memory the values point into (outputs, scratch
-    tensors of the launch) stays allocated while the values are replayed."""
+    block runs (an op's ``run`` called directly, which no plan serves). The arguments are kept so that
+    the memory the values point into stays allocated while the values are replayed."""
     calls: list = []
     launch = CpuKernel.__call__
 
@@ -61,21 +62,41 @@ def recorded_launches():
         CpuKernel.__call__ = launch
 
 
+@contextlib.contextmanager
+def plans_off(op: KernelOp):
+    """``op`` without launch plans while the block runs."""
+    plans, op.plans = op.plans, None
+    try:
+        yield
+    finally:
+        op.plans = plans
+
+
 def split(op: KernelOp, args: list, flavor: str | None) -> dict[str, float]:
-    """The layers of one cpu call of ``op`` with positional ``args`` (see the module docstring), in µs."""
-    filled = op._complete(tuple(args))
-    with recorded_launches() as launches:
-        op.run(*filled, out=None, target="cpu", flavor=flavor, launch=True)
+    """The layers of one cpu call of ``op`` with positional ``args`` (see the module docstring), in µs;
+    ``planned``: whether the signature has a plan; ``launches``: the kernel launches of one call."""
+    op(*args, target="cpu", flavor=flavor)
+    plan = op.plan_of(*args, target="cpu", flavor=flavor)
+    if plan is not None:
+        dispatched = op.dispatcher_arguments(args)
+        kernels, launches = plan.kernels(dispatched)
+        planned = best_us(lambda: op.plans.call(dispatched, "cpu", flavor, None))
+    else:
+        filled = op._complete(tuple(args))
+        with recorded_launches() as recorded:
+            op.run(*filled, out=None, target="cpu", flavor=flavor, launch=True)
+        launches = len(recorded)
 
-    def kernels():
-        for kernel, values, _ in launches:
-            kernel.call_values(values)
+        def kernels():
+            for kernel, values, _ in recorded:
+                kernel.call_values(values)
 
+        planned = best_us(lambda: op.run(*filled, out=None, target="cpu", flavor=flavor, launch=True))
     t = {"call": best_us(lambda: op(*args, target="cpu", flavor=flavor)),
          "dispatch": best_us(lambda: op.default(*args, target="cpu", flavor=flavor)),
-         "run": best_us(lambda: op.run(*filled, out=None, target="cpu", flavor=flavor, launch=True)),
-         "checks": best_us(lambda: op.run(*filled, out=None, target="cpu", flavor=flavor, launch=False)),
          "kernels": best_us(kernels) if launches else 0.0}
-    return {"call": t["call"], "types": t["call"] - t["dispatch"], "dispatcher": t["dispatch"] - t["run"],
-            "checks": t["checks"], "launch": t["run"] - t["checks"] - t["kernels"], "kernels": t["kernels"],
-            "overhead": t["call"] - t["kernels"], "launches": len(launches)}
+    with plans_off(op):
+        unplanned = best_us(lambda: op(*args, target="cpu", flavor=flavor))
+    return {"call": t["call"], "types": t["call"] - t["dispatch"], "dispatcher": t["dispatch"] - planned,
+            "plan": planned - t["kernels"], "kernels": t["kernels"], "overhead": t["call"] - t["kernels"],
+            "unplanned": unplanned, "planned": plan is not None, "launches": launches}
