@@ -120,3 +120,23 @@ def test_disjoint():
     with pytest.raises(ValueError, match="out_sf has elements that share memory"):
         check_disjoint({"out_sf": torch.zeros(1, 2).expand(4, 2)})
     check_disjoint({"out": x}, {"x": x}, in_place=[("out", "x")])
+
+
+def test_fp32_value_rounds_as_torch_does():
+    """``fp32.value`` (plain Python, for argument checks) gives torch's float32 rounding of a Python float:
+    ties to even, subnormals, the overflow threshold, signed zeros, infinities."""
+    import math
+    import random
+
+    from vmi_core.fp32 import value
+
+    largest = float(torch.finfo(torch.float32).max)
+    half_ulp = 2.0 ** (127 - 24)
+    rng = random.Random(7)
+    values = [0.0, -0.0, 2.0**-149, 2.0**-150, -(2.0**-150) * 1.5, 1 + 2.0**-24, 1 + 3 * 2.0**-24, largest,
+              largest + half_ulp, -(largest + half_ulp), largest + half_ulp / 2, 1e300, math.inf, -math.inf]
+    values += [rng.uniform(-1, 1) * 10 ** rng.uniform(-48, 39) for _ in range(2000)]
+    for x in values:
+        got, want = value(x), float(torch.tensor(x, dtype=torch.float32))
+        assert got == want and math.copysign(1, got) == math.copysign(1, want), x
+    assert math.isnan(value(math.nan))

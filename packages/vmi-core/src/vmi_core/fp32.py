@@ -25,6 +25,9 @@ an ulp), so none can serve as the oracle of a kernel that is bit-exact. All are 
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 
 from .formats import f32_bits, f32_from_bits
@@ -32,6 +35,16 @@ from .targets import Flavor, get_flavor
 
 _SIGN = -0x80000000  # bit 31 as an int32 mask
 _MIN_NORMAL_BITS = 0x00800000
+
+
+def value(x: float) -> float:
+    """The Python float ``x`` rounded once to fp32 (to nearest even; +-inf past the largest finite
+    fp32), as a Python float: the value a kernel's fp32 scalar argument holds. Plain Python, so an
+    op's validation runs no torch operation (``vmi_core.plan``)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:  # rounds past the largest finite fp32
+        return math.copysign(math.inf, x)
 
 
 def round_held(x: torch.Tensor) -> torch.Tensor:

@@ -194,14 +194,12 @@ class KernelOp:
     registers a derivative (``torch.library.register_autograd``; the op must not mutate).
     ``command`` makes it an op of the ``vmi`` command; ``family`` is its package's
     (``vmi_quant`` -> ``quant``). A repeat ``cpu`` call runs from its signature's launch plan
-    (``vmi_core.plan``) unless the op writes an argument or ``plans=False`` (an op whose launch
-    depends on where its inputs lie relative to each other, which no signature records).
+    (``vmi_core.plan``) unless it gives an argument the op writes.
     """
 
     def __init__(self, name: str, params: Sequence[Param], returns: Sequence[str], run: Callable, *,
                  outs: Sequence[str] = (), out_list: bool = False,
-                 autograd: tuple[Callable, Callable] | None = None, command: Command | None = None,
-                 plans: bool = True):
+                 autograd: tuple[Callable, Callable] | None = None, command: Command | None = None):
         if out_list and len(outs) != 1:
             raise ValueError(f"{name}: a list of preallocated outputs is one parameter")
         if outs and not out_list and len(outs) != len(returns):
@@ -215,7 +213,7 @@ class KernelOp:
         self.outs = tuple(outs)
         self.out_list = out_list
         self.run = run
-        self.plans = PlanCache() if plans and not any(p.mutable for p in self.params) else None
+        self.plans = PlanCache(tuple(i for i, p in enumerate(self.params) if p.mutable))
         self.command = command
         self.family = run.__module__.partition(".")[0].removeprefix(f"{NAMESPACE}_")
         if name in KERNEL_OPS:
@@ -291,13 +289,17 @@ class KernelOp:
         torch.library.register_fake(f"{self.qualname}.out", fake_out, lib=_LIBRARY)
 
     def dispatcher_arguments(self, args) -> tuple:
-        """``args`` as the dispatcher hands them to the registered kernel: lists for list parameters."""
-        return tuple(list(v) if p.kind.endswith("[]") and v is not None else v
-                     for p, v in zip(self.params, args, strict=False))
+        """``args`` as the dispatcher hands them to the registered kernel: lists for list parameters,
+        without the trailing arguments that equal their defaults."""
+        given = [list(v) if p.kind.endswith("[]") and v is not None else v
+                 for p, v in zip(self.params, args, strict=False)]
+        while given and self.params[len(given) - 1].has_default and given[-1] == self.params[len(given) - 1].default:
+            given.pop()
+        return tuple(given)
 
     def plan_of(self, *args, target: str | None = None, flavor: str | None = None):
-        """The launch plan (``vmi_core.plan``) a call with ``args`` runs from, or None."""
-        return None if self.plans is None else self.plans.plan_of(self.dispatcher_arguments(args), target, flavor)
+        """The launch plan (``vmi_core.plan.Plan``) a call with ``args`` runs from, or why there is none."""
+        return self.plans.plan_of(self.dispatcher_arguments(args), target, flavor)
 
     def check_types(self, args: tuple) -> None:
         for (param, accepts), value in zip(self._accepts, args, strict=False):

@@ -14,8 +14,9 @@ as always while a recorder watches it, and what it saw becomes the signature's p
 A later call of that signature allocates, launches and checks from the plan. A signature whose
 first call did anything else gets no plan and always runs in full: a torch operation that computes
 or writes (only allocations, views and fills of allocations are allowed), a read of values the
-launch depends on (``values_of``), a kernel argument in none or several of the inputs, an op that
-writes its arguments, preallocated outputs, or a target other than ``cpu``. Ops read tensor values
+launch depends on (``values_of``), a kernel argument in none or several of the inputs. Calls that
+give an argument the op writes in place, preallocated outputs, or a target other than ``cpu`` are
+never planned. Ops read tensor values
 only through ``check_values`` and ``values_of`` (a test holds every package to that), so no value a
 plan would skip is read unseen. Settings that validation reads (``vmi_quant``'s amax clamp and
 token alignment) call ``invalidate`` when they change.
@@ -245,7 +246,7 @@ class _Refused(Exception):
 
 
 class _Recorder(TorchDispatchMode):
-    """Watches one call (see the module docstring); ``plan(result)`` is its plan, or None."""
+    """Watches one call (see the module docstring); ``plan(result)`` is its plan, or why it has none."""
 
     def __init__(self, args: tuple):
         super().__init__()
@@ -335,17 +336,18 @@ class _Recorder(TorchDispatchMode):
                 return -1 - i, ptr - allocation.data_ptr()
         raise _Refused("a kernel argument lies in no input and no allocation")
 
-    def plan(self, result) -> Plan | None:
+    def plan(self, result) -> Plan | str:
+        """The plan of the call that returned ``result``, or why it has none."""
         if self.refusal is not None:
-            return None
+            return self.refusal
         single = isinstance(result, torch.Tensor)
         results = (result,) if single else result
         if not all(isinstance(t, torch.Tensor) for t in results):
-            return None
+            return "it returns something other than tensors"
         try:
             outputs = tuple(self._view(t) for t in results)
-        except _Refused:
-            return None
+        except _Refused as refused:
+            return str(refused)
         # Allocation pointers follow the used inputs': renumber the launches' slots.
         first = len(self.used_inputs)
 
@@ -364,19 +366,25 @@ class _Recorder(TorchDispatchMode):
 class PlanCache:
     """The plans of one op by signature (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self, written: tuple[int, ...] = ()):
         self._plans: dict = {}
+        self._written = written  # the positions of the parameters the op writes in place
+
+    def _signature(self, args: tuple, target, flavor):
+        if any(i < len(args) and args[i] is not None for i in self._written):
+            return None
+        return _signature(args, target, flavor)
 
     def call(self, args: tuple, target: str | None, flavor: str | None, launch: Callable):
         """``launch(args, target, flavor)``'s result for a call with dispatcher arguments ``args``:
         from the signature's plan where it has one, else by launching (and, the first time,
         recording) it."""
-        key = _signature(args, target, flavor)
+        key = self._signature(args, target, flavor)
         plan = None if key is None else self._plans.get(key, _UNSEEN)
-        if plan is None:
-            return launch(args, target, flavor)
-        if plan is not _UNSEEN:
+        if type(plan) is Plan:
             return plan.execute(args)
+        if plan is not _UNSEEN:
+            return launch(args, target, flavor)
         recorder = _Recorder(args)
         token = LAUNCH_RECORDER.set(recorder)
         try:
@@ -389,10 +397,13 @@ class PlanCache:
         self._plans[key] = recorder.plan(result)
         return result
 
-    def plan_of(self, args: tuple, target: str | None, flavor: str | None) -> Plan | None:
-        """The plan of the signature of a call with dispatcher arguments ``args``, where it has one."""
-        plan = self._plans.get(_signature(args, target, flavor))
-        return plan if isinstance(plan, Plan) else None
+    def plan_of(self, args: tuple, target: str | None, flavor: str | None) -> Plan | str:
+        """The plan of the signature of a call with dispatcher arguments ``args``, or why it has none."""
+        key = self._signature(args, target, flavor)
+        if key is None:
+            return ("plans are made for plain cpu tensors on the cpu target, when no argument the op writes is "
+                    "given")
+        return self._plans.get(key, "no call of this signature yet")
 
 
 _UNSEEN = object()

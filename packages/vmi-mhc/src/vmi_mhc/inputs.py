@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from vmi_core import fp32
 from vmi_core.checks import check_float
 
 MHC_MULT = 4
@@ -48,7 +49,7 @@ def finite_fp32(value, name: str, *, non_negative: bool = False) -> float:
     value = check_float(value, name, finite=True)
     if non_negative and value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
-    as_fp32 = float(torch.tensor(value, dtype=torch.float32))
+    as_fp32 = fp32.value(value)
     if not abs(as_fp32) < float("inf"):
         raise ValueError(f"{name} must be finite as fp32, got {value}")
     return as_fp32

@@ -54,7 +54,7 @@ def _check_f32(t: torch.Tensor, name: str) -> None:
 
 def _f32(value: float) -> float:
     """The fp32 constant ``value`` (rounded once), as a Python float."""
-    return float(torch.tensor(value, dtype=torch.float32))
+    return fp32.value(value)
 
 
 def _horner_fma(coeffs, t: torch.Tensor) -> torch.Tensor:

@@ -240,14 +240,19 @@ def _bench_overhead(op: OpInfo, options: dict, args) -> int:
     flavor = resolve_flavor("cpu", args.flavor).name
     print(f"{op.name} (cpu, 1 thread, flavor {flavor}) options: {', '.join(f'{k}={v}' for k, v in options.items())}")
     print(f"  {'shape':>11}" + "".join(f"  {c:>10}" for c in overhead.COLUMNS) + "  launches  planned")
+    refusals = {}
     with bench.threads(1):
         for shape in shapes:
             kernel_op, arguments = op.kernel_op_arguments(op.make_inputs(shape, options, args.seed), options, flavor)
             parts = overhead.split(kernel_op, arguments, flavor)
             print(f"  {'x'.join(map(str, shape)):>11}" + "".join(f"  {parts[c]:7.1f} us" for c in overhead.COLUMNS)
-                  + f"  {parts['launches']:>8}  {'yes' if parts['planned'] else 'no':>7}")
+                  + f"  {parts['launches']:>8}  {'yes' if parts['planned'] == 'yes' else 'no':>7}")
+            if parts["planned"] != "yes":
+                refusals[parts["planned"]] = None
     print("us per call, best of 5 batches. call = types + dispatcher + plan + kernels; overhead = call - kernels; "
           "unplanned: the call without launch plans (" + overhead.__name__ + ").")
+    for why in refusals:
+        print(f"no plan: {why}")
     return 0
 
 

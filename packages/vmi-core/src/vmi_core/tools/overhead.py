@@ -22,6 +22,7 @@ import time
 
 from ..cpu_kernel import CpuKernel
 from ..library import KernelOp
+from ..plan import Plan
 
 MIN_BATCH_SECONDS = 0.02
 COLUMNS = ("call", "types", "dispatcher", "plan", "kernels", "overhead", "unplanned")
@@ -74,10 +75,10 @@ def plans_off(op: KernelOp):
 
 def split(op: KernelOp, args: list, flavor: str | None) -> dict[str, float]:
     """The layers of one cpu call of ``op`` with positional ``args`` (see the module docstring), in µs;
-    ``planned``: whether the signature has a plan; ``launches``: the kernel launches of one call."""
+    ``planned``: "yes", or why the signature has no plan; ``launches``: the kernel launches of one call."""
     op(*args, target="cpu", flavor=flavor)
     plan = op.plan_of(*args, target="cpu", flavor=flavor)
-    if plan is not None:
+    if isinstance(plan, Plan):
         dispatched = op.dispatcher_arguments(args)
         kernels, launches = plan.kernels(dispatched)
         planned = best_us(lambda: op.plans.call(dispatched, "cpu", flavor, None))
@@ -99,4 +100,4 @@ def split(op: KernelOp, args: list, flavor: str | None) -> dict[str, float]:
         unplanned = best_us(lambda: op(*args, target="cpu", flavor=flavor))
     return {"call": t["call"], "types": t["call"] - t["dispatch"], "dispatcher": t["dispatch"] - planned,
             "plan": planned - t["kernels"], "kernels": t["kernels"], "overhead": t["call"] - t["kernels"],
-            "unplanned": unplanned, "planned": plan is not None, "launches": launches}
+            "unplanned": unplanned, "planned": plan if isinstance(plan, str) else "yes", "launches": launches}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vmi_core import fp32
 from vmi_core.checks import INT32_MAX, check_disjoint, check_float, check_int, check_kernel_extent, check_tensor
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
@@ -71,7 +72,7 @@ def _check_eps(eps) -> float:
     eps = check_float(eps, "eps", finite=True)
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    eps32 = float(torch.tensor(eps, dtype=torch.float32))
+    eps32 = fp32.value(eps)
     if eps32 == float("inf"):
         raise ValueError(f"eps must be at most the largest fp32 value, got {eps}")
     return eps32
