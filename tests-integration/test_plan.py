@@ -54,14 +54,20 @@ def test_a_planned_call_checks_the_values_its_kernel_flags():
     assert torch.equal(topk_gate(scores, 4, target="cpu"), first)
 
 
-def test_a_call_whose_launch_reads_values_is_not_planned():
+def test_a_planned_call_repeats_the_steps_that_read_values():
+    """swiglu_forward checks its psum layout and zeroes the rows it leaves out by the layout's values:
+    a planned call does both by its own layout."""
     x = torch.randn(96, 256, generator=generator(2)).to(torch.bfloat16)
     op = KERNEL_OPS["swiglu_forward"]
-    for ends in ([10, 40, 40, 70], [0, 5, 90, 96]):
-        psum = torch.tensor(ends, dtype=torch.int32)
-        got = swiglu_forward(x, "bf16", psum, target="cpu")
-        assert op.plan_of(x, "bf16", psum, target="cpu") == "the launch depends on tensor values"
-        assert_bitwise_equal(got, swiglu_forward(x, "bf16", psum, target="torch"), f"psum {ends}")
+    layouts = ([10, 40, 40, 70], [0, 5, 90, 96], [3, 3, 3, 3])
+    got = [swiglu_forward(x, "bf16", torch.tensor(ends, dtype=torch.int32), target="cpu") for ends in layouts]
+    assert isinstance(op.plan_of(x, "bf16", torch.tensor(layouts[0], dtype=torch.int32), target="cpu"), Plan)
+    with plans_off(op):
+        for ends, planned in zip(layouts, got, strict=True):
+            assert_bitwise_equal(planned, swiglu_forward(x, "bf16", torch.tensor(ends, dtype=torch.int32),
+                                                         target="cpu"), f"psum {ends}")
+    with pytest.raises(ValueError, match="must not decrease"):
+        swiglu_forward(x, "bf16", torch.tensor([10, 40, 30, 70], dtype=torch.int32), target="cpu")
 
 
 def test_inputs_sharing_memory_are_read_where_they_lie():
@@ -102,7 +108,7 @@ def test_calls_that_write_an_argument_and_other_targets_have_no_plans():
 
 def test_ops_read_tensor_values_only_where_a_plan_sees_it():
     """``tolist`` and ``numpy`` run no torch operation a plan's recorder could see: outside the
-    references and the tools, values are read through ``check_values`` or ``values_of``."""
+    references and the tools, values are read through ``with_values``."""
     root = Path(__file__).resolve().parents[1] / "packages"
     readers = []
     for path in sorted(root.glob("*/src/**/*.py")):

@@ -9,17 +9,17 @@ as always while a recorder watches it, and what it saw becomes the signature's p
 * the outputs' allocations (size, strides, dtype, fill value) and the views the op returns;
 * every compiled kernel's launch, with its argument values, each pointer as an offset from an
   input or an allocation, and which launches ran as concurrent row ranges;
-* fills of allocations, and the checks of values a kernel wrote (``check_values``), in order.
+* fills of allocations, and the steps that read values (``with_values``: checks of an input's
+  values or of a kernel's status words, zeroing the rows a layout leaves out), in order.
 
-A later call of that signature allocates, launches and checks from the plan. A signature whose
-first call did anything else gets no plan and always runs in full: a torch operation that computes
-or writes (only allocations, views and fills of allocations are allowed), a read of values the
-launch depends on (``values_of``), a kernel argument in none or several of the inputs. Calls that
-give an argument the op writes in place, preallocated outputs, or a target other than ``cpu`` are
-never planned. Ops read tensor values
-only through ``check_values`` and ``values_of`` (a test holds every package to that), so no value a
-plan would skip is read unseen. Settings that validation reads (``vmi_quant``'s amax clamp and
-token alignment) call ``invalidate`` when they change.
+A later call of that signature allocates, launches and runs those steps from the plan. A signature
+whose first call did anything else gets no plan and always runs in full: a torch operation that
+computes or writes (only allocations, views and fills of allocations are allowed), a kernel
+argument in none or several of the inputs. Calls that give an argument the op writes in place,
+preallocated outputs, or a target other than ``cpu`` are never planned. Ops read tensor values only
+through ``with_values`` (a test holds every package to that), so no value a plan would skip is read
+unseen. Settings that validation reads (``vmi_quant``'s amax clamp and token alignment) call
+``invalidate`` when they change.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from .targets import FLAVOR_ENV, TARGET_ENV
 MAX_PLANS_PER_OP = 256
 _generation = 0
 _aten = torch.ops.aten
-# Allocations, by the fill value they start with (None: uninitialized; an int: the argument
-# index of the fill value).
+# Allocations, by the fill value they start with (None: uninitialized; "value": their second argument).
 _ALLOCATIONS = {_aten.empty.memory_format: None, _aten.empty_strided.default: None, _aten.empty_like.default: None,
                 _aten.new_empty.default: None, _aten.zeros.default: 0, _aten.zeros_like.default: 0,
                 _aten.new_zeros.default: 0, _aten.ones.default: 1.0, _aten.full.default: "value"}
@@ -58,22 +57,16 @@ def invalidate() -> None:
     _generation += 1
 
 
-def check_values(t: torch.Tensor, check: Callable[[list], None]) -> None:
-    """``check(t.tolist())``: how an op validates values (a kernel's status words, say); a planned
-    call runs the check again on its own tensor. ``check`` only raises; ``t`` is an allocation of
-    the call or a view of one."""
+def with_values(t: torch.Tensor, step: Callable, *tensors: torch.Tensor | None) -> None:
+    """``step(t.tolist(), *tensors)``: how an op reads a tensor's values, to check them (raising) or
+    to write outputs by them; a planned call runs the step again with its own tensors. ``t`` is a
+    tensor argument or (a view of) an allocation of the call, ``tensors`` allocations or None; the
+    step uses nothing else that a call of the same signature could change, and launches no kernel."""
     recorder = LAUNCH_RECORDER.get()
-    if recorder is not None:
-        recorder.check(t, check)
-    check(t.tolist())
-
-
-def values_of(t: torch.Tensor) -> list:
-    """``t.tolist()``, for an op whose launch depends on the values: such a call gets no plan."""
-    recorder = LAUNCH_RECORDER.get()
-    if recorder is not None:
-        recorder.refuse("the launch depends on tensor values")
-    return t.tolist()
+    if recorder is None:
+        step(t.tolist(), *tensors)
+    else:
+        recorder.step(t, step, tensors)
 
 
 def _plain(t: torch.Tensor) -> bool:
@@ -179,7 +172,7 @@ class _LaunchGroup:
 
     ranges: tuple[tuple[_Launch, ...], ...]
 
-    def replay(self, pointers: list[int], bases: list[torch.Tensor]) -> None:
+    def replay(self, args: tuple, pointers: list[int], bases: list[torch.Tensor]) -> None:
         if len(self.ranges) == 1:
             for launch in self.ranges[0]:
                 launch(pointers)
@@ -193,17 +186,26 @@ class _Fill:
     view: _View
     value: object
 
-    def replay(self, pointers: list[int], bases: list[torch.Tensor]) -> None:
+    def replay(self, args: tuple, pointers: list[int], bases: list[torch.Tensor]) -> None:
         self.view.of(bases).fill_(self.value)
 
 
 @dataclass(frozen=True)
-class _Check:
-    view: _View
-    check: Callable[[list], None]
+class _Step:
+    """A ``with_values`` step: its values from input ``source`` (an argument path) or from an
+    allocation's view, its tensors views of allocations (or None)."""
 
-    def replay(self, pointers: list[int], bases: list[torch.Tensor]) -> None:
-        self.check(self.view.of(bases).tolist())
+    step: Callable
+    source: tuple[int, int | None] | _View
+    tensors: tuple[_View | None, ...]
+
+    def replay(self, args: tuple, pointers: list[int], bases: list[torch.Tensor]) -> None:
+        if isinstance(self.source, _View):
+            values = self.source.of(bases)
+        else:
+            i, j = self.source
+            values = args[i] if j is None else args[i][j]
+        self.step(values.tolist(), *(None if view is None else view.of(bases) for view in self.tensors))
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ class Plan:
     def execute(self, args: tuple):
         pointers, bases = self._allocate(args)
         for action in self.actions:
-            action.replay(pointers, bases)
+            action.replay(args, pointers, bases)
         outputs = tuple(view.of(bases) for view in self.outputs)
         return outputs[0] if self.single else outputs
 
@@ -236,7 +238,7 @@ class Plan:
 
         def run() -> None:
             for group in groups:
-                group.replay(pointers, bases)
+                group.replay(args, pointers, bases)
 
         return run, sum(len(launches) for group in groups for launches in group.ranges)
 
@@ -256,6 +258,7 @@ class _Recorder(TorchDispatchMode):
         self.allocations: list[tuple[torch.Tensor, object]] = []
         self.actions: list = []
         self.group: list[list] | None = None
+        self.in_step = False  # a with_values step runs: its torch operations are its own
         self.refusal: str | None = None
 
     def refuse(self, why: str) -> None:
@@ -265,6 +268,8 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
+        if self.in_step:
+            return result
         if func in _ALLOCATIONS:
             fill = _ALLOCATIONS[func]
             self.allocations.append((result, args[1] if fill == "value" else fill))
@@ -288,11 +293,19 @@ class _Recorder(TorchDispatchMode):
     def _view(self, t: torch.Tensor) -> _View:
         return _View(self._allocation_of(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
 
-    def check(self, t: torch.Tensor, check: Callable[[list], None]) -> None:
+    def step(self, t: torch.Tensor, step: Callable, tensors: tuple) -> None:
+        """Run a ``with_values`` step unwatched, and record it."""
         try:
-            self.actions.append(_Check(self._view(t), check))
+            inputs = [k for k, (_, _, given) in enumerate(self.inputs) if given is t]
+            source = self.inputs[inputs[0]][:2] if inputs else self._view(t)
+            self.actions.append(_Step(step, source, tuple(None if u is None else self._view(u) for u in tensors)))
         except _Refused as refused:
             self.refuse(str(refused))
+        self.in_step = True
+        try:
+            step(t.tolist(), *tensors)
+        finally:
+            self.in_step = False
 
     def ranges(self, run: Callable[[int, int], None], ranges: list[tuple[int, int]]) -> None:
         """``run`` over ``ranges`` one after the other in this thread, recorded as one group."""
@@ -306,6 +319,9 @@ class _Recorder(TorchDispatchMode):
             self.group = outer
 
     def launch(self, kernel: CpuKernel, args: tuple) -> None:
+        if self.in_step:
+            self.refuse("a with_values step launches a kernel")
+            return
         values = kernel.values(args)
         slots = []
         for position, arg in enumerate(args):

@@ -12,7 +12,7 @@ import functools
 import torch
 
 from vmi_core.checks import check_int
-from vmi_core.plan import check_values
+from vmi_core.plan import with_values
 
 from .kernels.common import STATUS_BAD_COUNT, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_WORDS
 
@@ -43,7 +43,7 @@ def raise_status(status: torch.Tensor, op: str, values: str, indices: str = "") 
     ``values``: the argument whose non-finite entries the kernel flags; ``indices``: the
     argument whose expert ids it flags. A planned call (``vmi_core.plan``) checks them again.
     """
-    check_values(status, functools.partial(_raise_flags, op=op, values=values, indices=indices))
+    with_values(status, functools.partial(_raise_flags, op=op, values=values, indices=indices))
 
 
 def _raise_flags(words: list[int], op: str, values: str, indices: str) -> None:

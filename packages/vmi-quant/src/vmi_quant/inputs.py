@@ -7,12 +7,13 @@ argument, and outputs are never partially written.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from vmi_core.checks import INT32_MAX, check_int, check_int_choice, check_kernel_extent, check_tensor, is_traced
-from vmi_core.plan import values_of
+from vmi_core.plan import with_values
 from vmi_core.targets import Flavor
 from vmi_quant.sf_layout import SFLayout, align, ceil_div
 
@@ -190,10 +191,13 @@ def check_psum(psum, name: str, num_rows: int, device: torch.device) -> torch.Te
     check_tensor(psum, name, dtype=torch.int32, dim=1, device=device, contiguous=True)
     if psum.numel() == 0:
         raise ValueError(f"{name} must hold at least one expert (an empty psum marks no row valid)")
-    if is_traced(psum):
-        return psum
-    # One read into a list: a few torch ops on a handful of experts cost more than the loop.
-    values = values_of(psum)
+    if not is_traced(psum):
+        # One read into a list: a few torch ops on a handful of experts cost more than the loop.
+        with_values(psum, functools.partial(_check_psum_values, name=name, num_rows=num_rows))
+    return psum
+
+
+def _check_psum_values(values: list[int], name: str, num_rows: int) -> None:
     if values[0] < 0:
         raise ValueError(f"{name}[0] must be >= 0, got {values[0]}")
     for e in range(1, len(values)):
@@ -202,15 +206,14 @@ def check_psum(psum, name: str, num_rows: int, device: torch.device) -> torch.Te
                              f"{name}[{e - 1}] = {values[e - 1]}")
     if values[-1] > num_rows:
         raise ValueError(f"{name}[-1] = {values[-1]} exceeds the number of rows, {num_rows}")
-    return psum
 
 
-def padding_ranges(psum: torch.Tensor, num_rows: int, alignment: int) -> list[tuple[int, int]]:
-    """The row ranges of ``num_rows`` rows that belong to no expert in the psum layout (the rows
-    ``expert_rows`` marks False), in order: expert ``e`` owns ``[start_e, psum[e])``, and these
-    ranges ascend, so the padding is what lies between them and after the last."""
+def padding_ranges(ends: list[int], num_rows: int, alignment: int) -> list[tuple[int, int]]:
+    """The row ranges of ``num_rows`` rows that belong to no expert in the psum layout ``ends``
+    (the rows ``expert_rows`` marks False), in order: expert ``e`` owns ``[start_e, ends[e])``, and
+    these ranges ascend, so the padding is what lies between them and after the last."""
     ranges, covered, start = [], 0, 0
-    for end in values_of(psum):
+    for end in ends:
         if end > start:
             if start > covered:
                 ranges.append((covered, start))

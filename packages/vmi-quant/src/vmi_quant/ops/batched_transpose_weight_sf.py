@@ -28,7 +28,7 @@ import torch
 
 from vmi_core.checks import INT32_MAX, check_disjoint, check_kernel_extent, check_tensor, is_traced
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
-from vmi_core.plan import check_values
+from vmi_core.plan import with_values
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 from vmi_core.tools.testing import generator, randn
 
@@ -167,7 +167,7 @@ def _launch(weights: Sequence[Weight], outs: Sequence[torch.Tensor], block_size:
     for i, w in enumerate(weights):
         parallel.launch(spec, w.sf, _storage(outs[2 * i], w.grouped), _storage(outs[2 * i + 1], w.grouped),
                         status[i:i + 1], target)
-    check_values(status, _raise_flagged)
+    with_values(status, _raise_flagged)
 
 
 def _raise_flagged(words: list[int]) -> None:

@@ -9,6 +9,7 @@ additions (see vmi_core.targets).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from vmi_core.checks import check_disjoint, check_float, check_int_choice, check_tensor
 from vmi_core.fp32 import division_flushes_subnormals
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
+from vmi_core.plan import with_values
 from vmi_core.targets import Flavor, resolve_flavor, resolve_target
 from vmi_core.tools.testing import generator, randn
 from vmi_quant.sf_layout import SFLayout
@@ -156,12 +158,18 @@ def _execute(x, fmt, num_per_channels, psum, topk_weights, routed_scaling_factor
         parallel.launch(call, target)
     if launch and psum is not None:
         # The outputs are vmi's: the padding rows the kernel skips are +0 (data) and 0 (SF bytes).
-        for start, stop in padding_ranges(psum, x.shape[0], call.alignment):
-            for output in (call.out, call.sf):
-                if output is not None:
-                    # No fill kernel for fp8: zero bytes are +0 there too.
-                    (output.view(torch.uint8) if output.element_size() == 1 else output)[start:stop].zero_()
+        with_values(psum, functools.partial(_zero_padding_rows, num_rows=x.shape[0], alignment=call.alignment),
+                    call.out, call.sf)
     return call
+
+
+def _zero_padding_rows(ends: list[int], out: torch.Tensor, sf: torch.Tensor | None, num_rows: int,
+                       alignment: int) -> None:
+    for start, stop in padding_ranges(ends, num_rows, alignment):
+        for output in (out, sf):
+            if output is not None:
+                # No fill kernel for fp8: zero bytes are +0 there too.
+                (output.view(torch.uint8) if output.element_size() == 1 else output)[start:stop].zero_()
 
 
 def _check_fmt(fmt, allowed: tuple[str, ...], op: str) -> None:
