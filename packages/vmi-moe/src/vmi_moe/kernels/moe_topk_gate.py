@@ -21,6 +21,9 @@ Work tiles of ``block_m`` tokens go round-robin to persistent workers; per tile:
 
 5. DMA indices (int32 pairs), weights, logical indices and scores out.
 
+Steps 3 and 4 skip the tile's rows past the token count: a decode call computes its tokens, not
+a whole tile (the copies out stop at the token count).
+
 The vector region is SIMT on Ascend: per-lane serial scans, integer hashing, data
 dependent gathers and branches, none of which TileLang 0.1.15's SIMD lowering of
 ``T.Parallel`` accepts. Within a token's lane, stores go only to that token's row at
@@ -255,67 +258,72 @@ def build_moe_topk_gate(spec: GateSpec, target: str):
                         # Per-lane arrays: the logical routed experts and their weights.
                         sel = T.alloc_local((K,), "int32")
                         weight = T.alloc_local((K,), "float32")
-
-                        # Selection.
-                        if fixed > 0:
-                            for j in T.serial(K):
-                                if un[i, 2 * j + 1] != 0 or un[i, 2 * j] < 0 or un[i, 2 * j] > E - 1:
-                                    STATUS[STATUS_BAD_INDEX] = 1
-                                sel[j] = clamp(un[i, 2 * j], 0, E - 1)
-                        else:
-                            for j in T.serial(K):
-                                next_in_rank(RowAt(i), key, E, last_value, last_column)
-                                sel[j] = last_column.get()
-
-                        # Weights: unbiased scores over their sum, then the scaling factor.
-                        d = ordered_sum([x[i, clamp(sel[slot], 0, E - 1)] for slot in range(K)],
-                                        flavor.gate_sum_order) + f32_const(DENOM_EPS)
-                        for j in T.serial(K):
-                            q = quotient(x[i, clamp(sel[j], 0, E - 1)], d, flavor.gate_quotient_check)
-                            weight[j] = T.Select(routed > 0, q * scale, f32_const(0.0))
-                            un[i, 2 * j] = T.Select(routed > 0, sel[j], -1)
-                            un[i, 2 * j + 1] = T.Select(routed > 0, 0, -1)
-
                         if spec.has_force_random:
                             # Per-lane arrays, drawn for every token (no branch on the class) and
                             # used by force-random ones.
                             draw = T.alloc_local((P,), "int32")
                             taken = T.alloc_local((P,), "int32")
                             rw = T.alloc_local((P,), "float32")
-                            num_physical = L
-                            if spec.has_map:
-                                num_physical = 0
-                                for e in T.serial(L):
-                                    num_physical = num_physical + count_t[e]
-                            if forced > 0 and num_physical < P:
-                                STATUS[STATUS_BAD_COUNT] = 1
-                            draw_random(draw, taken, rw, row_base + row, ep_rank, T.max(num_physical, P))
 
-                        # Each output slot written once: physical ids (replica ``(ep_rank + token * 23333)
-                        # mod count`` without int32 overflow), or the random draws, or -1 pairs for
-                        # masked tokens; routed weights, 1.0 for shared slots, or the random weights.
-                        for j in T.serial(P):
-                            logical = T.alloc_var("int32")
-                            logical = T.Select(j < K, sel[T.min(j, K - 1)], E + j - K)
-                            slot_weight = T.alloc_var("float32")
-                            slot_weight = T.Select(j < K, weight[T.min(j, K - 1)],
-                                                   T.Select(routed > 0, f32_const(1.0), f32_const(0.0)))
-                            if spec.has_map:
-                                count = count_t[clamp(logical, 0, L - 1)]
-                                if routed > 0 and (count < 1 or count > DUP):
-                                    STATUS[STATUS_BAD_COUNT] = 1
-                                count = clamp(count, 1, DUP)
-                                replica = 0
-                                if DUP > 1:
-                                    replica = T.truncmod(T.truncmod(ep_rank, count) + T.truncmod(row_base + row, count)
-                                                         * T.truncmod(REPLICA_STRIDE, count), count)
-                                logical = map_t[clamp(logical * DUP + replica, 0, L * DUP - 1)]
+                        # Rows past the token count are skipped (a decode call selects for its tokens,
+                        # not the tile): their rows of the output tiles are never copied out.
+                        if row0 + i < M:
+                            # Selection.
+                            if fixed > 0:
+                                for j in T.serial(K):
+                                    if un[i, 2 * j + 1] != 0 or un[i, 2 * j] < 0 or un[i, 2 * j] > E - 1:
+                                        STATUS[STATUS_BAD_INDEX] = 1
+                                    sel[j] = clamp(un[i, 2 * j], 0, E - 1)
+                            else:
+                                for j in T.serial(K):
+                                    next_in_rank(RowAt(i), key, E, last_value, last_column)
+                                    sel[j] = last_column.get()
+
+                            # Weights: unbiased scores over their sum, then the scaling factor.
+                            d = ordered_sum([x[i, clamp(sel[slot], 0, E - 1)] for slot in range(K)],
+                                            flavor.gate_sum_order) + f32_const(DENOM_EPS)
+                            for j in T.serial(K):
+                                q = quotient(x[i, clamp(sel[j], 0, E - 1)], d, flavor.gate_quotient_check)
+                                weight[j] = T.Select(routed > 0, q * scale, f32_const(0.0))
+                                un[i, 2 * j] = T.Select(routed > 0, sel[j], -1)
+                                un[i, 2 * j + 1] = T.Select(routed > 0, 0, -1)
+
                             if spec.has_force_random:
-                                logical = T.Select(forced > 0, draw[j], logical)
-                                slot_weight = T.Select(forced > 0, rw[j], slot_weight)
-                            ow[i, j] = slot_weight
-                            oi[i, 2 * j] = T.Select(active > 0, logical, -1)
-                            oi[i, 2 * j + 1] = T.Select(active > 0, 0, -1)
+                                num_physical = L
+                                if spec.has_map:
+                                    num_physical = 0
+                                    for e in T.serial(L):
+                                        num_physical = num_physical + count_t[e]
+                                if forced > 0 and num_physical < P:
+                                    STATUS[STATUS_BAD_COUNT] = 1
+                                draw_random(draw, taken, rw, row_base + row, ep_rank, T.max(num_physical, P))
+
+                            # Each output slot written once: physical ids (replica ``(ep_rank + token * 23333)
+                            # mod count`` without int32 overflow), or the random draws, or -1 pairs for
+                            # masked tokens; routed weights, 1.0 for shared slots, or the random weights.
+                            for j in T.serial(P):
+                                logical = T.alloc_var("int32")
+                                logical = T.Select(j < K, sel[T.min(j, K - 1)], E + j - K)
+                                slot_weight = T.alloc_var("float32")
+                                slot_weight = T.Select(j < K, weight[T.min(j, K - 1)],
+                                                       T.Select(routed > 0, f32_const(1.0), f32_const(0.0)))
+                                if spec.has_map:
+                                    count = count_t[clamp(logical, 0, L - 1)]
+                                    if routed > 0 and (count < 1 or count > DUP):
+                                        STATUS[STATUS_BAD_COUNT] = 1
+                                    count = clamp(count, 1, DUP)
+                                    replica = 0
+                                    if DUP > 1:
+                                        replica = T.truncmod(T.truncmod(ep_rank, count)
+                                                             + T.truncmod(row_base + row, count)
+                                                             * T.truncmod(REPLICA_STRIDE, count), count)
+                                    logical = map_t[clamp(logical * DUP + replica, 0, L * DUP - 1)]
+                                if spec.has_force_random:
+                                    logical = T.Select(forced > 0, draw[j], logical)
+                                    slot_weight = T.Select(forced > 0, rw[j], slot_weight)
+                                ow[i, j] = slot_weight
+                                oi[i, 2 * j] = T.Select(active > 0, logical, -1)
+                                oi[i, 2 * j + 1] = T.Select(active > 0, 0, -1)
                 sh.copy(oi, IDX[row0, 0])
                 sh.copy(ow, W[row0, 0])
                 if spec.has_unmapped:
