@@ -148,7 +148,7 @@ def cmd_run(ops, args) -> int:
     outputs = op.run(inputs, options, target, flavor)
     first = time.perf_counter() - start
     # Timed as `vmi bench` times.
-    kernel = bench.measure(lambda: op.run(inputs, options, target, flavor), args.min_time)
+    kernel = bench.measure(op.bound(inputs, options, target, flavor), args.min_time)
     # The reference is written for exact bits, not speed (seconds at large shapes): one call.
     start = time.perf_counter()
     expected = op.reference(inputs, options, flavor)
@@ -184,9 +184,10 @@ def _baseline_runs(baseline, num_rows: int) -> list[int | None]:
 
 def _bench_shape(op: OpInfo, options: dict, baseline, inputs: dict, flavor: str, min_time: float) -> dict:
     """Times (``bench.measure``) of the kernel, the reference and the baseline (if any) at one shape."""
-    kernel = bench.measure(lambda: op.run(inputs, options, "cpu", flavor), min_time)
+    outputs = op.run(inputs, options, "cpu", flavor)
+    kernel = bench.measure(op.bound(inputs, options, "cpu", flavor), min_time)
     reference = bench.measure(lambda: op.reference(inputs, options, flavor), min_time)
-    outputs, expected = kernel.result, reference.result
+    expected = reference.result
     row = {"kernel_s": kernel.median, "spread": kernel.iqr / kernel.median, "ref_s": reference.median,
            "nbytes": op.nbytes(inputs, outputs), "kernel_ok": not op.check(outputs, expected)}
     if baseline is None:

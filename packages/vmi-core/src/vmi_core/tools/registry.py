@@ -32,6 +32,8 @@ class OpInfo:
 
     ``make_inputs(shape, options, seed)`` -> dict of inputs (CPU tensors);
     ``run(inputs, options, target, flavor)`` -> outputs (tensors, tuples of tensors);
+    ``bound(inputs, options, target, flavor)`` -> a function of no arguments that makes the op's
+    call with its arguments bound once (what the benchmarks time: the call alone);
     ``reference(inputs, options, flavor)`` -> the reference outputs;
     ``check(outputs, expected)`` -> list of mismatch lines (empty when equal);
     ``source(options, target, flavor)`` -> generated kernel source;
@@ -49,6 +51,7 @@ class OpInfo:
     targets: dict[str, str]
     make_inputs: Callable
     run: Callable
+    bound: Callable
     reference: Callable
     check: Callable
     source: Callable
@@ -176,6 +179,11 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
         results = (results,) if isinstance(results, torch.Tensor) else tuple(results or ())
         return (*results, *mutated)
 
+    def bound(inputs, options, target, flavor):
+        flavor = flavor_argument(target, flavor)
+        args, _ = arguments(inputs, options, target, flavor, device_of(target))
+        return lambda: op(*args, target=target, flavor=flavor)
+
     outputs = op.returns + tuple(p.name for p in op.params if p.mutable and not p.optional)
     return OpInfo(
         name=command.name or op.name,
@@ -188,6 +196,7 @@ def kernel_op_entry(op: KernelOp) -> OpInfo:
         make_inputs=command.make_inputs,
         run=lambda inputs, options, target, flavor: call(inputs, options, target, flavor_argument(target, flavor),
                                                          device_of(target)),
+        bound=bound,
         reference=lambda inputs, options, flavor: call(inputs, options, "torch", flavor, "cpu"),
         check=command.check or compare_named(outputs),
         source=_source(op),
