@@ -11,7 +11,6 @@ rather than against the bit-manipulating reference. Baselines are found through 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -128,25 +127,10 @@ class Timing:
     calls: int
 
 
-def _release_free_memory() -> None:
-    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``; elsewhere nothing).
-
-    Right after a call that freed much memory (a reference's temporaries), glibc keeps it, and a
-    large output allocated next lands on pages already faulted in: several times faster than the
-    page faults a fresh allocation takes in steady state. Trimming before each measurement puts
-    every timed function in that steady state, whatever ran before it."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def measure(fn: Callable, min_run_time: float = MIN_RUN_TIME) -> Timing:
     """``fn`` timed by ``torch.utils.benchmark``'s blocked autorange, with the current torch thread
     count, after one warm-up call: at least ``min_run_time`` seconds of calls (and at least one
-    block: a slow ``fn`` runs once more after its warm-up, and once to size the block). The C
-    heap's free memory is released first (``_release_free_memory``)."""
-    _release_free_memory()
+    block: a slow ``fn`` runs once more after its warm-up, and once to size the block)."""
     result = fn()
     timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     measurement = timer.blocked_autorange(min_run_time=min_run_time)
