@@ -118,6 +118,34 @@ def next_in_rank(at, key, n: int, last_value: LaneVar, last_column: LaneVar):
     last_column.set(arg.get())
 
 
+@T.macro
+def running_top_k(at, key, n: int, k: int, values, columns):
+    """``columns[:k]`` = the columns of the first ``k`` entries of ``key[row, :n]`` in rank order
+    (descending, equal keys by ascending column), for a scalar lane; ``values`` is ``k`` fp32 of
+    scratch.
+
+    One pass keeps a running list: an entry enters only if it beats the ``k``-th strictly (an equal
+    one came first) and goes after every kept entry not below it, so a row costs about one compare
+    per entry instead of ``next_in_rank``'s ``k`` scans. For finite keys both pick the same columns;
+    a row with a non-finite key must take ``next_in_rank`` (a NaN neither beats nor loses).
+    """
+    for j in T.serial(k):
+        values[j] = neg_inf()
+        columns[j] = 0
+    for e in T.serial(n):
+        v = at.load(key, e)
+        if v > values[k - 1]:
+            # Slot j keeps its entry, takes the new one, or the one above it (from the bottom up,
+            # so each reads the slot above before that changes).
+            for step in T.serial(k - 1):
+                j = k - 1 - step
+                stays = values[j - 1] >= v
+                columns[j] = T.Select(stays, T.Select(values[j] >= v, columns[j], e), columns[j - 1])
+                values[j] = T.Select(stays, T.Select(values[j] >= v, values[j], v), values[j - 1])
+            columns[0] = T.Select(values[0] >= v, columns[0], e)
+            values[0] = T.Select(values[0] >= v, values[0], v)
+
+
 def ordered_sum(terms: list, order: str):
     """``terms[0] + ... + terms[k-1]`` (``k <= 32``) as one expression tree in the flavor's order.
 

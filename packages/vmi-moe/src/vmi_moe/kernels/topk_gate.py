@@ -33,12 +33,12 @@ from .common import (
     STATUS_WORDS,
     is_nonfinite,
     kernel_rows,
-    neg_inf,
     next_in_rank,
     padded,
     pos_inf,
     row_bytes,
     row_chunks,
+    running_top_k,
     tile_rows,
 )
 
@@ -71,7 +71,12 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
             nonfinite.set(nonfinite.get() | cast(F.flag(is_nonfinite(at.load(key, e))), "int32"))
         at.store_row_value(bad, nonfinite.get())
         if not at.vector:
-            running_top_k(at, key, idx)
+            values = T.alloc_local((K,), "float32")
+            columns = T.alloc_local((K,), "int32")
+            running_top_k(at, key, E, K, values, columns)
+            for k in range(K):
+                at.store(idx, 2 * k, columns[k])
+                at.store(idx, 2 * k + 1, 0)
             return
         last_value = LaneVar(at.vector, "float32", pos_inf())
         last_column = LaneVar(at.vector, "int32", -1)
@@ -80,32 +85,6 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
             at.store(idx, 2 * k, last_column.get())
             at.store(idx, 2 * k + 1, 0)
 
-    @T.macro
-    def running_top_k(at, key, idx):
-        # One pass over the row keeping its first K entries in rank order (descending, equal keys by
-        # ascending column): an entry enters only if it beats the K-th strictly (an equal one came
-        # later), and goes after every kept entry not below it. For finite keys this is what the K
-        # scans pick; a row with a non-finite score is flagged (the call raises).
-        values = T.alloc_local((K,), "float32")
-        columns = T.alloc_local((K,), "int32")
-        for j in T.serial(K):
-            values[j] = neg_inf()
-            columns[j] = 0
-        with T.serial(E) as e:
-            v = at.load(key, e)
-            if v > values[K - 1]:
-                # Slot j: kept, the new entry, or the one above it moved down (slots from the
-                # bottom up, so each reads the slot above before it changes).
-                for step in T.serial(K - 1):
-                    j = K - 1 - step
-                    stays = values[j - 1] >= v
-                    columns[j] = T.Select(stays, T.Select(values[j] >= v, columns[j], e), columns[j - 1])
-                    values[j] = T.Select(stays, T.Select(values[j] >= v, values[j], v), values[j - 1])
-                columns[0] = T.Select(values[0] >= v, columns[0], e)
-                values[0] = T.Select(values[0] >= v, values[0], v)
-        for j in T.serial(K):
-            at.store(idx, 2 * j, columns[j])
-            at.store(idx, 2 * j + 1, 0)
 
     @T.macro
     def select_rows(key, idx, bad, valid):
