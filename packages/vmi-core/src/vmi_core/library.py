@@ -325,9 +325,9 @@ class KernelOp:
             except Exception:
                 raise wrong_type from None
             raise
-        if not isinstance(target, (str, type(None))) or not isinstance(flavor, (str, type(None))):
-            name, value = ("target", target) if not isinstance(target, (str, type(None))) else ("flavor", flavor)
-            raise TypeError(f"{self.name}: {name} must be a str or None, got {type(value).__name__}")
+        for name, value in (("target", target), ("flavor", flavor)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{self.name}: {name} must be a str or None, got {type(value).__name__}")
         if out is None:
             return self.default(*args, target=target, flavor=flavor)
         if not self.outs:

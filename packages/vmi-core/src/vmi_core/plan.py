@@ -212,7 +212,7 @@ class _Step:
 class Plan:
     """What a call of one signature does (see the module docstring)."""
 
-    inputs: tuple[tuple[int, int | None], ...]  # the tensor arguments kernels read, as pointers 0..
+    inputs: tuple[tuple[int, int | None], ...]  # the tensor arguments, as pointers 0..
     allocations: tuple[_Allocation, ...]  # pointers len(inputs)..
     actions: tuple
     outputs: tuple[_View, ...]
@@ -254,7 +254,6 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.inputs = _input_tensors(args)
         self.input_ranges = [_storage_range(t) for _, _, t in self.inputs]
-        self.used_inputs: dict[int, int] = {}  # input number -> pointer index among the used inputs
         self.allocations: list[tuple[torch.Tensor, object]] = []
         self.actions: list = []
         self.group: list[list] | None = None
@@ -338,18 +337,17 @@ class _Recorder(TorchDispatchMode):
             self.group[-1].append(launch)
 
     def _pointer(self, ptr: int) -> tuple[int, int]:
-        """``(pointer index, offset)`` of a kernel argument's address: an input's or an allocation's."""
+        """``(pointer index, offset)`` of a kernel argument's address: in input ``k`` (index ``k``) or
+        in allocation ``i`` (index ``len(inputs) + i``), as ``Plan`` lays its pointers out."""
         holders = [k for k, (lo, hi) in enumerate(self.input_ranges) if lo <= ptr < hi]
         if len(holders) > 1:
             raise _Refused("a kernel argument lies in several inputs")
         if holders:
-            k = holders[0]
-            index = self.used_inputs.setdefault(k, len(self.used_inputs))
-            return index, ptr - self.inputs[k][2].data_ptr()
+            return holders[0], ptr - self.inputs[holders[0]][2].data_ptr()
         for i, (allocation, _) in enumerate(self.allocations):
             lo, hi = _storage_range(allocation)
             if lo <= ptr < hi:
-                return -1 - i, ptr - allocation.data_ptr()
+                return len(self.inputs) + i, ptr - allocation.data_ptr()
         raise _Refused("a kernel argument lies in no input and no allocation")
 
     def plan(self, result) -> Plan | str:
@@ -364,19 +362,9 @@ class _Recorder(TorchDispatchMode):
             outputs = tuple(self._view(t) for t in results)
         except _Refused as refused:
             return str(refused)
-        # Allocation pointers follow the used inputs': renumber the launches' slots.
-        first = len(self.used_inputs)
-
-        def renumber(launch: _Launch) -> _Launch:
-            slots = tuple((p, first - 1 - i if i < 0 else i, o) for p, i, o in launch.slots)
-            return _Launch(launch.kernel, launch.values, slots)
-
-        actions = tuple(_LaunchGroup(tuple(tuple(renumber(x) for x in r) for r in a.ranges))
-                        if isinstance(a, _LaunchGroup) else a for a in self.actions)
-        inputs = sorted(self.used_inputs.items(), key=lambda item: item[1])
         allocations = tuple(_Allocation(tuple(t.shape), t.stride(), t.dtype, fill, t.is_contiguous())
                             for t, fill in self.allocations)
-        return Plan(tuple(self.inputs[k][:2] for k, _ in inputs), allocations, actions, outputs, single)
+        return Plan(tuple(path[:2] for path in self.inputs), allocations, tuple(self.actions), outputs, single)
 
 
 class PlanCache:

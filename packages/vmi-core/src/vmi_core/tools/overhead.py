@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from ..cpu_kernel import CpuKernel
+from ..cpu_kernel import LAUNCH_RECORDER, CpuKernel
 from ..library import KernelOp
 from ..plan import Plan
 
@@ -44,23 +44,36 @@ def best_us(fn, batches: int = 5) -> float:
     return best * 1e6
 
 
+class _LaunchLog:
+    """The launches of an op's ``run`` called directly (which no plan serves), through the hooks a
+    plan's recorder uses (``vmi_core.cpu_kernel.LAUNCH_RECORDER``): ``calls`` holds ``(kernel,
+    argument values, arguments)``, the arguments kept so the memory the values point into stays
+    allocated while the values are replayed."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def launch(self, kernel: CpuKernel, args: tuple) -> None:
+        self.calls.append((kernel, kernel.values(args), args))
+
+    def ranges(self, run, ranges) -> None:
+        for start, stop in ranges:
+            run(start, stop)
+
+    def step(self, t, step, tensors) -> None:
+        step(t.tolist(), *tensors)
+
+
 @contextlib.contextmanager
 def recorded_launches():
-    """Yields a list of ``(kernel, argument values, arguments)`` for each cpu kernel launched while the
-    block runs (an op's ``run`` called directly, which no plan serves). The arguments are kept so that
-    the memory the values point into stays allocated while the values are replayed."""
-    calls: list = []
-    launch = CpuKernel.__call__
-
-    def record(kernel, *args):
-        calls.append((kernel, kernel.values(args), args))
-        return launch(kernel, *args)
-
-    CpuKernel.__call__ = record
+    """Yields the list of ``(kernel, argument values, arguments)`` of the cpu kernels launched while
+    the block runs (``_LaunchLog``)."""
+    log = _LaunchLog()
+    token = LAUNCH_RECORDER.set(log)
     try:
-        yield calls
+        yield log.calls
     finally:
-        CpuKernel.__call__ = launch
+        LAUNCH_RECORDER.reset(token)
 
 
 @contextlib.contextmanager
