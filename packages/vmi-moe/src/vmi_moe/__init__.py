@@ -8,7 +8,8 @@ and checked against a PyTorch reference (``vmi_moe.reference``):
 * ``moe_topk_gate_forward`` (alias ``moe_topk_gate``) — the sqrt-softplus gate with
   bias, shared experts, fixed and force-random routing and replica mapping;
 * ``moe_topk_gate_backward`` — its gradient, with the sequence-level auxiliary term;
-* ``moe_topk_gate_autograd`` — the gate with autograd (a registered backward).
+* ``moe_topk_gate_autograd`` — the gate with autograd (a registered backward);
+* ``get_fused_mapping`` — the expert-major layout of the routed slots, ranges aligned per expert.
 
 Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu`` or the reference ``torch``)
 and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
@@ -16,6 +17,7 @@ entry points always run the kernel.
 """
 
 from vmi_moe.autograd import moe_topk_gate_autograd
+from vmi_moe.ops.get_fused_mapping import get_fused_mapping, get_fused_mapping_parallel
 from vmi_moe.ops.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward, moe_topk_gate_forward_parallel
 from vmi_moe.ops.moe_topk_gate_backward import moe_topk_gate_backward, moe_topk_gate_backward_parallel
 from vmi_moe.ops.normalize_weight import normalize_weight, normalize_weight_parallel
@@ -24,6 +26,8 @@ from vmi_moe.ops.topk_gate import topk_gate, topk_gate_parallel
 __version__ = "0.1.0"
 
 __all__ = [
+    "get_fused_mapping",
+    "get_fused_mapping_parallel",
     "moe_topk_gate_autograd",
     "moe_topk_gate_backward",
     "moe_topk_gate_backward_parallel",

@@ -14,7 +14,7 @@ import torch
 from vmi_core.checks import check_int
 from vmi_core.plan import with_values
 
-from .kernels.common import STATUS_BAD_COUNT, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_WORDS
+from .kernels.common import STATUS_BAD_COUNT, STATUS_BAD_INDEX, STATUS_NONFINITE, STATUS_OVERFLOW, STATUS_WORDS
 
 SCORING_FUNCS = ("sqrtsoftplus",)
 MAX_TOPK = 32
@@ -37,23 +37,30 @@ def new_status(device: torch.device) -> torch.Tensor:
     return torch.zeros(STATUS_WORDS, dtype=torch.int32, device=device)
 
 
-def raise_status(status: torch.Tensor, op: str, values: str, indices: str = "") -> None:
+def raise_status(status: torch.Tensor, op: str, values: str, indices: str = "", capacity: str = "") -> None:
     """Raise ``ValueError`` naming the arguments for every flag the kernel raised (one device sync).
 
     ``values``: the argument whose non-finite entries the kernel flags; ``indices``: the
-    argument whose expert ids it flags. A planned call (``vmi_core.plan``) checks them again.
+    argument whose expert ids it flags; ``capacity``: the argument that sized a layout the kernel
+    found too small. A planned call (``vmi_core.plan``) checks them again.
     """
-    with_values(status, functools.partial(_raise_flags, op=op, values=values, indices=indices))
+    with_values(status, functools.partial(_raise_flags, op=op, values=values, indices=indices, capacity=capacity))
 
 
-def _raise_flags(words: list[int], op: str, values: str, indices: str) -> None:
+# Ops whose expert ids may be -1 (an unused slot).
+_UNUSED_SLOT_OPS = ("moe_topk_gate_backward", "get_fused_mapping")
+
+
+def _raise_flags(words: list[int], op: str, values: str, indices: str, capacity: str) -> None:
     errors = []
     if words[STATUS_NONFINITE]:
         errors.append(f"{values} contains non-finite values (NaN or +-inf) where {op} reads them")
     if words[STATUS_BAD_INDEX]:
         errors.append(f"{indices} holds expert ids outside [0, num_experts) (-1 marks an unused slot)"
-                      if op == "moe_topk_gate_backward" else
+                      if op in _UNUSED_SLOT_OPS else
                       f"{indices} holds fixed-routing experts outside [0, num_experts)")
+    if words[STATUS_OVERFLOW]:
+        errors.append(f"{capacity} is too small for the layout")
     if words[STATUS_BAD_COUNT]:
         errors.append("logical_count holds replica counts outside [1, to_physical_map.size(1)], or force-random "
                       "routing has fewer physical experts than slots")

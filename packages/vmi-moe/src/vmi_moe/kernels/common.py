@@ -10,8 +10,8 @@ int64 tensors (expert indices) travel as int32 pairs (little-endian: low word,
 then high word), so no kernel does 64-bit arithmetic.
 
 Bad data that only a kernel sees (non-finite logits, out-of-range fixed indices,
-replica counts outside the map) sets a word of a small ``status`` tensor; the
-dispatch raises after the launch. Lanes only ever write 1 there, so concurrent
+replica counts outside the map, a layout larger than the rows given for it) sets a
+word of a small ``status`` tensor; the dispatch raises after the launch. Lanes only ever write 1 there, so concurrent
 writes agree.
 """
 
@@ -38,6 +38,7 @@ BUTTERFLY_LANES = 32
 STATUS_NONFINITE = 0
 STATUS_BAD_INDEX = 1
 STATUS_BAD_COUNT = 2
+STATUS_OVERFLOW = 3
 STATUS_WORDS = 4
 
 _NEG_INF_BITS = 0xFF800000

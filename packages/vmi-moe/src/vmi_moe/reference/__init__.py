@@ -2,12 +2,14 @@
 
 from vmi_moe.reference.backward import moe_topk_gate_backward
 from vmi_moe.reference.gate import force_random_route, moe_topk_gate_forward, resolve_collisions
+from vmi_moe.reference.mapping import get_fused_mapping
 from vmi_moe.reference.normalize import denominator, normalize_weight
 from vmi_moe.reference.topk import stable_topk, topk_gate
 
 __all__ = [
     "denominator",
     "force_random_route",
+    "get_fused_mapping",
     "moe_topk_gate_backward",
     "moe_topk_gate_forward",
     "normalize_weight",
