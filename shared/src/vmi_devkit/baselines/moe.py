@@ -105,9 +105,36 @@ def moe_topk_gate_backward_baseline(op, options):
                          "-expm1(-u^2) / 2u")
 
 
+def get_fused_mapping_baseline(op, options):
+    alignment = options["alignment"]
+
+    def run(inputs, flavor, rows):
+        topk_idx, num_experts = inputs["topk_idx"], inputs["num_experts"]
+        num_tokens, num_topk = topk_idx.shape
+        flat = topk_idx.flatten()
+        used = flat >= 0
+        counts = torch.bincount(flat[used], minlength=num_experts)
+        sizes = (counts + alignment - 1) // alignment * alignment
+        end = sizes.cumsum(0)
+        start = end - sizes
+        # Slots sorted by expert (unused last), each expert's in flat order; a slot's row is its place
+        # in that order shifted by its expert's padding before it.
+        order = torch.sort(torch.where(used, flat, num_experts), stable=True).indices[:int(used.sum())]
+        experts = flat[order]
+        rows = torch.arange(order.numel()) + (start - (counts.cumsum(0) - counts))[experts]
+        total = (num_tokens * num_topk + (alignment - 1) * num_experts + alignment - 1) // alignment * alignment
+        maps = torch.full((3, total), -1, dtype=torch.int32)
+        maps[0, rows], maps[1, rows], maps[2, rows] = experts.int(), (order // num_topk).int(), order.int()
+        token_topk_to_pos = torch.full((num_tokens * num_topk,), -1, dtype=torch.int32)
+        token_topk_to_pos[order] = rows.int()
+        return (*maps, token_topk_to_pos.view(num_tokens, num_topk), start.int(), end.int(), sizes.int())
+    return Baseline(run, "torch ops: bincount, cumsum, a stable sort by expert, index writes", chunks=False)
+
+
 BASELINES = {
     "topk_gate": topk_gate_baseline,
     "normalize_weight": normalize_weight_baseline,
     "moe_topk_gate": moe_topk_gate_baseline,
     "moe_topk_gate_backward": moe_topk_gate_backward_baseline,
+    "get_fused_mapping": get_fused_mapping_baseline,
 }

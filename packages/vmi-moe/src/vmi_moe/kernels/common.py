@@ -11,8 +11,8 @@ then high word), so no kernel does 64-bit arithmetic.
 
 Bad data that only a kernel sees (non-finite logits, out-of-range fixed indices,
 replica counts outside the map, a layout larger than the rows given for it) sets a
-word of a small ``status`` tensor; the dispatch raises after the launch. Lanes only ever write 1 there, so concurrent
-writes agree.
+word of a small ``status`` tensor; the dispatch raises after the launch. Lanes only
+ever write 1 there, so concurrent writes agree.
 """
 
 
