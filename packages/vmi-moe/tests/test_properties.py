@@ -8,7 +8,9 @@ Criteria are the existing tests' (nothing looser):
   indices, weights, ``unmapped_topk_idx`` and scores bit for bit; the scores also through
   ``moe_cases.assert_scores_exact``; the reference-free token classes;
 * ``moe_topk_gate_backward``: the spec's rtol/atol and the element-wise rounding bound of
-  ``moe_backward_cases.assert_matches_reference``, +0.0 rows for unrouted tokens.
+  ``moe_backward_cases.assert_matches_reference``, +0.0 rows for unrouted tokens;
+* ``get_fused_mapping``: every output bit for bit against the reference, over routings that crowd
+  a few experts or spread over all, unused slots, drawn alignments and row counts.
 
 Drawn: token counts (0, 1, both sides of work tiles), gate options, data with ties and special
 finite values (signed zeros, subnormals, huge magnitudes); mostly finite. A non-finite score
@@ -47,7 +49,8 @@ from vmi_devkit.strategies import (
     seeds,
     slow_settings,
 )
-from vmi_moe import normalize_weight, topk_gate
+from vmi_moe import get_fused_mapping, normalize_weight, topk_gate
+from vmi_moe.reference import get_fused_mapping as reference_mapping
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import stable_topk
 
@@ -250,6 +253,44 @@ def test_moe_topk_gate_backward_slow(data):
     check_backward(data, BACKWARD_CASES + BACKWARD_FULL_CASES)
 
 
+# --- get_fused_mapping ------------------------------------------------------------------------------------------------
+
+# (E, K): the default run's two kernel pairs; the slow run every documented K and a few E.
+MAPPING_DEFAULT = [(72, 6), (256, 8)]
+MAPPING_ALL = MAPPING_DEFAULT + [(16, 1), (256, 2), (384, 6), (33, 16), (64, 32), (1, 8)]
+MAPPING_ALIGNMENTS = [1, 16, 64, 128]
+
+
+def check_mapping(data, sizes):
+    E, K = data.draw(st.sampled_from(sizes), label="(E, K)")
+    T = data.draw(token_counts(), label="tokens")
+    alignment = data.draw(st.one_of(st.sampled_from(MAPPING_ALIGNMENTS), st.integers(1, 300)), label="alignment")
+    g = torch.Generator().manual_seed(data.draw(seeds(), label="seed"))
+    # Ids from a few experts (crowded ranges, repeats within a token) or all of them, some slots unused.
+    used = data.draw(st.integers(1, E), label="experts used")
+    topk_idx = torch.randint(0, used, (T, K), generator=g)
+    topk_idx[torch.rand(T, K, generator=g) < data.draw(st.sampled_from([0.0, 0.1, 0.9]), label="unused")] = -1
+    bound = sum(-(-int((topk_idx == e).sum()) // alignment) * alignment for e in range(E))
+    rows = data.draw(st.sampled_from([0, bound, bound + 7]), label="num_expanded_tokens")
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    outputs = get_fused_mapping(topk_idx, E, rows, alignment, target="cpu", flavor=flavor)
+    expected = reference_mapping(topk_idx, E, outputs[0].shape[0], alignment)
+    for i, (actual, wanted) in enumerate(zip(outputs, expected, strict=False)):
+        assert_bitwise_equal(actual, wanted, f"E={E} K={K} T={T} A={alignment} N={rows} output {i}")
+
+
+@given(st.data())
+def test_get_fused_mapping(data):
+    check_mapping(data, MAPPING_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_get_fused_mapping_slow(data):
+    check_mapping(data, MAPPING_ALL)
+
+
 # --- what the slow twins draw ---------------------------------------------------------------------------------------
 
 # Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
@@ -260,6 +301,7 @@ DRAWN = {
     "moe_topk_gate_forward": drawn_values(GATE_ALL, num_topk=lambda c: c.K, num_shared_experts=lambda c: c.S,
                                           bias=lambda c: c.bias, mask=lambda c: c.mask),
     "moe_topk_gate_backward": drawn_values(BACKWARD_CASES + BACKWARD_FULL_CASES, num_topk=lambda c: c.K),
+    "get_fused_mapping": {"num_topk": {k for _, k in MAPPING_ALL}, "alignment": MAPPING_ALIGNMENTS},
 }
 
 
