@@ -10,7 +10,9 @@ Criteria are the existing tests' (nothing looser):
 * ``moe_topk_gate_backward``: the spec's rtol/atol and the element-wise rounding bound of
   ``moe_backward_cases.assert_matches_reference``, +0.0 rows for unrouted tokens;
 * ``get_fused_mapping``: every output bit for bit against the reference, over routings that crowd
-  a few experts or spread over all, unused slots, drawn alignments and row counts.
+  a few experts or spread over all, unused slots, drawn alignments and row counts;
+* ``topk_sum_and_topk_group_idx``: bit for bit against the reference, over scaled and tied data
+  with special finite values and ``-inf``.
 
 Drawn: token counts (0, 1, both sides of work tiles), gate options, data with ties and special
 finite values (signed zeros, subnormals, huge magnitudes); mostly finite. A non-finite score
@@ -49,10 +51,11 @@ from vmi_devkit.strategies import (
     seeds,
     slow_settings,
 )
-from vmi_moe import get_fused_mapping, normalize_weight, topk_gate
+from vmi_moe import get_fused_mapping, normalize_weight, topk_gate, topk_sum_and_topk_group_idx
 from vmi_moe.reference import get_fused_mapping as reference_mapping
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import stable_topk
+from vmi_moe.reference import topk_sum_and_topk_group_idx as reference_groups
 
 # The default-budget tests run in the normal test command; their `slow` twins (>= 1000 examples
 # each) run under `nox -s slow`, and CI's rotating share of the slow sweeps leaves them out.
@@ -291,6 +294,40 @@ def test_get_fused_mapping_slow(data):
     check_mapping(data, MAPPING_ALL)
 
 
+# --- topk_sum_and_topk_group_idx -------------------------------------------------------------------------------------
+
+# (G, P, num_topk_sum, num_topk_groups): the default run's two kernels; the slow run every documented value.
+GROUPS_DEFAULT = [(8, 32, 2, 4), (4, 18, 1, 2)]
+GROUPS_ALL = GROUPS_DEFAULT + [(1, 8, 1, 1), (1, 2, 2, 1), (16, 16, 2, 8), (32, 8, 2, 8), (32, 2, 1, 1), (16, 4, 2, 2),
+                               (8, 9, 1, 8), (12, 6, 2, 4)]
+
+
+def check_groups(data, cases):
+    G, P, S, KG = data.draw(st.sampled_from(cases), label="(G, P, S, K)")
+    T = data.draw(token_counts(), label="tokens")
+    g = torch.Generator().manual_seed(data.draw(seeds(), label="seed"))
+    scale = data.draw(st.sampled_from([1.0, 1e-30, 1e30]), label="scale")
+    x = torch.randn(T, G, P, generator=g) * scale
+    if data.draw(st.booleans(), label="ties"):
+        x = x.round()
+    x = sprinkle(data, x, FINITE_SPECIALS + [-float("inf")]).contiguous()
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    assert_bitwise_equal(topk_sum_and_topk_group_idx(x, S, KG, target="cpu", flavor=flavor),
+                         reference_groups(x, S, KG), f"G={G} P={P} S={S} K={KG} T={T}")
+
+
+@given(st.data())
+def test_topk_sum_and_topk_group_idx(data):
+    check_groups(data, GROUPS_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_topk_sum_and_topk_group_idx_slow(data):
+    check_groups(data, GROUPS_ALL)
+
+
 # --- what the slow twins draw ---------------------------------------------------------------------------------------
 
 # Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
@@ -302,6 +339,8 @@ DRAWN = {
                                           bias=lambda c: c.bias, mask=lambda c: c.mask),
     "moe_topk_gate_backward": drawn_values(BACKWARD_CASES + BACKWARD_FULL_CASES, num_topk=lambda c: c.K),
     "get_fused_mapping": {"num_topk": {k for _, k in MAPPING_ALL}, "alignment": MAPPING_ALIGNMENTS},
+    "topk_sum_and_topk_group_idx": drawn_values(GROUPS_ALL, num_groups=lambda c: c[0], num_topk_sum=lambda c: c[2],
+                                                num_topk_groups=lambda c: c[3]),
 }
 
 

@@ -9,7 +9,8 @@ and checked against a PyTorch reference (``vmi_moe.reference``):
   bias, shared experts, fixed and force-random routing and replica mapping;
 * ``moe_topk_gate_backward`` — its gradient, with the sequence-level auxiliary term;
 * ``moe_topk_gate_autograd`` — the gate with autograd (a registered backward);
-* ``get_fused_mapping`` — the expert-major layout of the routed slots, ranges aligned per expert.
+* ``get_fused_mapping`` — the expert-major layout of the routed slots, ranges aligned per expert;
+* ``topk_sum_and_topk_group_idx`` — group-limited routing's group ranking (top-1 or top-2 sums).
 
 Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu`` or the reference ``torch``)
 and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
@@ -22,6 +23,10 @@ from vmi_moe.ops.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward, moe_
 from vmi_moe.ops.moe_topk_gate_backward import moe_topk_gate_backward, moe_topk_gate_backward_parallel
 from vmi_moe.ops.normalize_weight import normalize_weight, normalize_weight_parallel
 from vmi_moe.ops.topk_gate import topk_gate, topk_gate_parallel
+from vmi_moe.ops.topk_sum_and_topk_group_idx import (
+    topk_sum_and_topk_group_idx,
+    topk_sum_and_topk_group_idx_parallel,
+)
 
 __version__ = "0.1.0"
 
@@ -38,4 +43,6 @@ __all__ = [
     "normalize_weight_parallel",
     "topk_gate",
     "topk_gate_parallel",
+    "topk_sum_and_topk_group_idx",
+    "topk_sum_and_topk_group_idx_parallel",
 ]

@@ -37,24 +37,27 @@ def new_status(device: torch.device) -> torch.Tensor:
     return torch.zeros(STATUS_WORDS, dtype=torch.int32, device=device)
 
 
-def raise_status(status: torch.Tensor, op: str, values: str, indices: str = "", capacity: str = "") -> None:
+def raise_status(status: torch.Tensor, op: str, values: str, indices: str = "", capacity: str = "",
+                 nonfinite: str = "") -> None:
     """Raise ``ValueError`` naming the arguments for every flag the kernel raised (one device sync).
 
-    ``values``: the argument whose non-finite entries the kernel flags; ``indices``: the
-    argument whose expert ids it flags; ``capacity``: the argument that sized a layout the kernel
-    found too small. A planned call (``vmi_core.plan``) checks them again.
+    ``values``: the argument whose non-finite entries the kernel flags (``nonfinite``: the message,
+    where the op flags something else than NaN and infinities); ``indices``: the argument whose
+    expert ids it flags; ``capacity``: the argument that sized a layout the kernel found too small.
+    A planned call (``vmi_core.plan``) checks them again.
     """
-    with_values(status, functools.partial(_raise_flags, op=op, values=values, indices=indices, capacity=capacity))
+    with_values(status, functools.partial(_raise_flags, op=op, values=values, indices=indices, capacity=capacity,
+                                          nonfinite=nonfinite))
 
 
 # Ops whose expert ids may be -1 (an unused slot).
-_UNUSED_SLOT_OPS = ("moe_topk_gate_backward", "get_fused_mapping")
+_UNUSED_SLOT_OPS = ("moe_topk_gate_backward", "get_fused_mapping", "group_count", "aux_fi")
 
 
-def _raise_flags(words: list[int], op: str, values: str, indices: str, capacity: str) -> None:
+def _raise_flags(words: list[int], op: str, values: str, indices: str, capacity: str, nonfinite: str) -> None:
     errors = []
     if words[STATUS_NONFINITE]:
-        errors.append(f"{values} contains non-finite values (NaN or +-inf) where {op} reads them")
+        errors.append(nonfinite or f"{values} contains non-finite values (NaN or +-inf) where {op} reads them")
     if words[STATUS_BAD_INDEX]:
         errors.append(f"{indices} holds expert ids outside [0, num_experts) (-1 marks an unused slot)"
                       if op in _UNUSED_SLOT_OPS else

@@ -131,10 +131,26 @@ def get_fused_mapping_baseline(op, options):
     return Baseline(run, "torch ops: bincount, cumsum, a stable sort by expert, index writes", chunks=False)
 
 
+def topk_sum_and_topk_group_idx_baseline(op, options):
+    num_topk_sum, num_topk_groups = options["num_topk_sum"], options["num_topk_groups"]
+
+    def one(scores):
+        group_scores = torch.topk(scores, num_topk_sum, dim=-1).values.sum(-1)
+        return torch.topk(group_scores, num_topk_groups, dim=-1).indices
+
+    def run(inputs, flavor, rows):
+        scores = inputs["scores"]
+        return (in_row_chunks(lambda a, b: one(scores[a:b]), scores.shape[0], rows),)
+    # torch.topk breaks ties between equal group scores in no documented order.
+    return Baseline(run, "torch.topk of the scores per group, summed, then torch.topk of the groups",
+                    same_bits=False)
+
+
 BASELINES = {
     "topk_gate": topk_gate_baseline,
     "normalize_weight": normalize_weight_baseline,
     "moe_topk_gate": moe_topk_gate_baseline,
     "moe_topk_gate_backward": moe_topk_gate_backward_baseline,
     "get_fused_mapping": get_fused_mapping_baseline,
+    "topk_sum_and_topk_group_idx": topk_sum_and_topk_group_idx_baseline,
 }

@@ -92,6 +92,11 @@ def is_nonfinite(x):
     return F.abs_bits(x) > F.u32(_F32_MAX_BITS)
 
 
+def is_nan(x):
+    """NaN, from the bit pattern."""
+    return F.abs_bits(x) > F.u32(_POS_INF_BITS)
+
+
 def pos_inf():
     return F.f32_from_bits(F.u32(_POS_INF_BITS))
 

@@ -4,7 +4,7 @@ from vmi_moe.reference.backward import moe_topk_gate_backward
 from vmi_moe.reference.gate import force_random_route, moe_topk_gate_forward, resolve_collisions
 from vmi_moe.reference.mapping import get_fused_mapping
 from vmi_moe.reference.normalize import denominator, normalize_weight
-from vmi_moe.reference.topk import stable_topk, topk_gate
+from vmi_moe.reference.topk import stable_topk, topk_gate, topk_sum_and_topk_group_idx
 
 __all__ = [
     "denominator",
@@ -16,4 +16,5 @@ __all__ = [
     "resolve_collisions",
     "stable_topk",
     "topk_gate",
+    "topk_sum_and_topk_group_idx",
 ]

@@ -23,3 +23,16 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     if not bool(torch.isfinite(scores).all()):
         raise ValueError("scores must be finite (no NaN, +inf or -inf)")
     return stable_topk(scores, num_topk)
+
+
+def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
+    """Per token, the ``num_topk_groups`` groups of ``scores [T, G, P]`` with the largest group scores, in
+    rank order (``stable_topk`` of the group scores): a group's score is its largest score
+    (``num_topk_sum = 1``) or the fp32 sum of its two largest (``2``; equal maxima both count)."""
+    if scores.dim() != 3:
+        raise ValueError(f"scores must be 3-D [tokens, groups, experts per group], got shape {tuple(scores.shape)}")
+    largest = torch.topk(scores, num_topk_sum, dim=-1).values
+    group_scores = largest[..., 0] if num_topk_sum == 1 else largest[..., 0] + largest[..., 1]
+    if bool(scores.isnan().any()) or bool(group_scores.isnan().any()):
+        raise ValueError("scores must hold no NaN, and no group's two largest scores may be +inf and -inf")
+    return stable_topk(group_scores, num_topk_groups)
