@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import tilelang.language as T
 import torch
 
-from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.tl.shell import SIMT, Shell
 
@@ -212,32 +211,40 @@ def build_fused_mapping_place(spec: FusedMappingSpec, target: str):
     return fused_mapping_place_kernel
 
 
+def count_table(spec: FusedMappingSpec, topk_idx: torch.Tensor, status: torch.Tensor, target: str) -> torch.Tensor:
+    """Step 1: the new int32 ``[num_tiles, E]`` table of per-tile counts of the ids in contiguous int64
+    ``topk_idx [T, K]``, ids outside ``[-1, E)`` flagged in ``status``; the tiles split across threads
+    on cpu. With no tokens, one row of zeros and nothing compiled or run. Also the first step of the
+    ops that only reduce the table (``vmi_moe.kernels.group_count``)."""
+    BM = spec.block_m
+    idx = topk_idx.view(torch.int32)
+    counts = torch.zeros((num_tiles(idx.shape[0], spec), spec.num_experts), dtype=torch.int32, device=idx.device)
+
+    def run(count, start: int, stop: int) -> None:
+        count(idx[start:stop], counts[_tiles_of(start, stop, BM)], status)
+
+    build_fused_mapping_count.launch_rows(spec, target, idx.shape[0], run, align=BM)
+    return counts
+
+
+def _tiles_of(start: int, stop: int, block_m: int) -> slice:
+    """The count table's rows of the work tiles of rows ``[start, stop)`` (``start`` a tile's first)."""
+    return slice(start // block_m, -(-stop // block_m))
+
+
 def launch(call, target: str) -> None:
     """Run a validated call (``vmi_moe.ops.get_fused_mapping.FusedMappingCall``) on ``target``: count,
-    lay out, place; the count table is scratch."""
+    lay out, place; the count table is scratch (the layout turns it into each tile's first rows)."""
     spec = call.spec
     BM = spec.block_m
-    num_tokens = call.topk_idx.shape[0]
     idx = call.topk_idx.view(torch.int32)
-    counts = torch.zeros((num_tiles(num_tokens, spec), spec.num_experts), dtype=torch.int32,
-                         device=idx.device)
-    count = build_fused_mapping_count.compiled(spec, target) if num_tokens else None
-    place = build_fused_mapping_place.compiled(spec, target) if num_tokens else None
+    first_rows = count_table(spec, call.topk_idx, call.status, target)
+    build_fused_mapping_layout.compiled(FusedLayoutSpec(spec.num_experts), target)(
+        first_rows, call.expert_start, call.expert_end, call.num_tokens_per_expert, call.pos_to_expert,
+        call.pos_to_token, call.pos_to_token_topk, call.status, call.alignment)
 
-    def tile_rows_of(start: int, stop: int) -> slice:
-        return slice(start // BM, -(-stop // BM))
-
-    def run_count(start: int, stop: int) -> None:
-        count(idx[start:stop], counts[tile_rows_of(start, stop)], call.status)
-
-    def run_place(start: int, stop: int) -> None:
-        place(idx[start:stop], counts[tile_rows_of(start, stop)], call.token_topk_to_pos[start:stop],
+    def run(place, start: int, stop: int) -> None:
+        place(idx[start:stop], first_rows[_tiles_of(start, stop, BM)], call.token_topk_to_pos[start:stop],
               call.pos_to_expert, call.pos_to_token, call.pos_to_token_topk, start)
 
-    if num_tokens:
-        launch_rows(target, run_count, num_tokens, align=BM)
-    build_fused_mapping_layout.compiled(FusedLayoutSpec(spec.num_experts), target)(
-        counts, call.expert_start, call.expert_end, call.num_tokens_per_expert, call.pos_to_expert,
-        call.pos_to_token, call.pos_to_token_topk, call.status, call.alignment)
-    if num_tokens:
-        launch_rows(target, run_place, num_tokens, align=BM)
+    build_fused_mapping_place.launch_rows(spec, target, idx.shape[0], run, align=BM)
