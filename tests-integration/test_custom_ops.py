@@ -62,6 +62,8 @@ _REGISTRY_SAMPLE = {
     "moe_topk_gate": ((12, 72), {}, None),
     "moe_topk_gate_backward": ((12, 72), {}, None),
     "topk_gate": ((12, 72), {}, None),
+    "group_count": ((12, 72), {"num_topk": 6}, None),
+    "aux_fi": ((12, 72), {"num_topk": 6}, None),
     "norm_forward": ((12, 7168), {"use_weight": False}, "cuda"),
     "norm_forward_and_per_token_cast": (
         (12, 96), {"use_residual": True, "round_sf": True, "use_packed_ue8m0": True, "with_out_bf16": True}, None),

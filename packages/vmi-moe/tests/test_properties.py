@@ -12,7 +12,8 @@ Criteria are the existing tests' (nothing looser):
 * ``get_fused_mapping``: every output bit for bit against the reference, over routings that crowd
   a few experts or spread over all, unused slots, drawn alignments and row counts;
 * ``topk_sum_and_topk_group_idx``: bit for bit against the reference, over scaled and tied data
-  with special finite values and ``-inf``.
+  with special finite values and ``-inf``;
+* ``group_count``, ``aux_fi``: bit for bit against the references.
 
 Drawn: token counts (0, 1, both sides of work tiles), gate options, data with ties and special
 finite values (signed zeros, subnormals, huge magnitudes); mostly finite. A non-finite score
@@ -51,8 +52,10 @@ from vmi_devkit.strategies import (
     seeds,
     slow_settings,
 )
-from vmi_moe import get_fused_mapping, normalize_weight, topk_gate, topk_sum_and_topk_group_idx
+from vmi_moe import aux_fi, get_fused_mapping, group_count, normalize_weight, topk_gate, topk_sum_and_topk_group_idx
+from vmi_moe.reference import aux_fi as reference_aux_fi
 from vmi_moe.reference import get_fused_mapping as reference_mapping
+from vmi_moe.reference import group_count as reference_group_count
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import stable_topk
 from vmi_moe.reference import topk_sum_and_topk_group_idx as reference_groups
@@ -328,6 +331,41 @@ def test_topk_sum_and_topk_group_idx_slow(data):
     check_groups(data, GROUPS_ALL)
 
 
+# --- group_count and aux_fi -----------------------------------------------------------------------------------------
+
+# (E, K): the default run's kernels; the slow run every documented K.
+COUNTS_DEFAULT = [(72, 6)]
+COUNTS_ALL = COUNTS_DEFAULT + [(16, 1), (256, 2), (200, 8), (5, 16), (64, 32), (1, 8), (384, 6)]
+
+
+def check_counts(data, sizes):
+    E, K = data.draw(st.sampled_from(sizes), label="(E, K)")
+    T = data.draw(token_counts(), label="tokens")
+    g = torch.Generator().manual_seed(data.draw(seeds(), label="seed"))
+    used = data.draw(st.integers(1, E), label="ids used")
+    idx = torch.randint(0, used, (T, K), generator=g)
+    idx[torch.rand(T, K, generator=g) < data.draw(st.sampled_from([0.0, 0.1, 0.9, 1.0]), label="unused")] = -1
+    num_aux_topk = data.draw(st.one_of(st.sampled_from([1, K]), st.integers(1, 2**31 - 1)), label="num_aux_topk")
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    what = f"E={E} K={K} T={T} k={num_aux_topk} {flavor}"
+    assert_bitwise_equal(group_count(idx, E, target="cpu", flavor=flavor), reference_group_count(idx, E),
+                         f"{what} counts")
+    assert_bitwise_equal(aux_fi(idx, E, num_aux_topk, target="cpu", flavor=flavor),
+                         reference_aux_fi(idx, E, num_aux_topk), f"{what} fi")
+
+
+@given(st.data())
+def test_group_count_and_aux_fi(data):
+    check_counts(data, COUNTS_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_group_count_and_aux_fi_slow(data):
+    check_counts(data, COUNTS_ALL)
+
+
 # --- what the slow twins draw ---------------------------------------------------------------------------------------
 
 # Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
@@ -339,6 +377,8 @@ DRAWN = {
                                           bias=lambda c: c.bias, mask=lambda c: c.mask),
     "moe_topk_gate_backward": drawn_values(BACKWARD_CASES + BACKWARD_FULL_CASES, num_topk=lambda c: c.K),
     "get_fused_mapping": {"num_topk": {k for _, k in MAPPING_ALL}, "alignment": MAPPING_ALIGNMENTS},
+    "group_count": {"num_topk": {k for _, k in COUNTS_ALL}},
+    "aux_fi": {"num_topk": {k for _, k in COUNTS_ALL}},
     "topk_sum_and_topk_group_idx": drawn_values(GROUPS_ALL, num_groups=lambda c: c[0], num_topk_sum=lambda c: c[2],
                                                 num_topk_groups=lambda c: c[3]),
 }

@@ -10,7 +10,8 @@ and checked against a PyTorch reference (``vmi_moe.reference``):
 * ``moe_topk_gate_backward`` — its gradient, with the sequence-level auxiliary term;
 * ``moe_topk_gate_autograd`` — the gate with autograd (a registered backward);
 * ``get_fused_mapping`` — the expert-major layout of the routed slots, ranges aligned per expert;
-* ``topk_sum_and_topk_group_idx`` — group-limited routing's group ranking (top-1 or top-2 sums).
+* ``topk_sum_and_topk_group_idx`` — group-limited routing's group ranking (top-1 or top-2 sums);
+* ``group_count``, ``aux_fi`` — entries per id, and the load-balancing frequency ``count·E / (T·k)``.
 
 Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu`` or the reference ``torch``)
 and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
@@ -18,7 +19,9 @@ entry points always run the kernel.
 """
 
 from vmi_moe.autograd import moe_topk_gate_autograd
+from vmi_moe.ops.aux_fi import aux_fi, aux_fi_parallel
 from vmi_moe.ops.get_fused_mapping import get_fused_mapping, get_fused_mapping_parallel
+from vmi_moe.ops.group_count import group_count, group_count_parallel
 from vmi_moe.ops.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward, moe_topk_gate_forward_parallel
 from vmi_moe.ops.moe_topk_gate_backward import moe_topk_gate_backward, moe_topk_gate_backward_parallel
 from vmi_moe.ops.normalize_weight import normalize_weight, normalize_weight_parallel
@@ -31,8 +34,12 @@ from vmi_moe.ops.topk_sum_and_topk_group_idx import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "aux_fi",
+    "aux_fi_parallel",
     "get_fused_mapping",
     "get_fused_mapping_parallel",
+    "group_count",
+    "group_count_parallel",
     "moe_topk_gate_autograd",
     "moe_topk_gate_backward",
     "moe_topk_gate_backward_parallel",

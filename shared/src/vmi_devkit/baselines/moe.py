@@ -146,6 +146,29 @@ def topk_sum_and_topk_group_idx_baseline(op, options):
                     same_bits=False)
 
 
+def _counts(ids: torch.Tensor, num_ids: int) -> torch.Tensor:
+    flat = ids.flatten()
+    return torch.bincount(flat[flat >= 0], minlength=num_ids)
+
+
+def group_count_baseline(op, options):
+    def run(inputs, flavor, rows):
+        return (_counts(inputs["group_idx"], inputs["num_groups"]).int(),)
+    return Baseline(run, "torch.bincount of the entries >= 0", chunks=False)
+
+
+def aux_fi_baseline(op, options):
+    # The op's own rounding order: int64 products, each converted to fp32 once, one division.
+    def run(inputs, flavor, rows):
+        topk_idx, num_experts, num_aux_topk = inputs["topk_idx"], inputs["num_experts"], inputs["num_aux_topk"]
+        num_tokens = topk_idx.shape[0]
+        if num_tokens == 0:
+            return (torch.zeros(num_experts),)
+        numerator = (_counts(topk_idx, num_experts) * num_experts).float()
+        return (numerator / torch.tensor(num_tokens * num_aux_topk).float(),)
+    return Baseline(run, "torch ops: bincount, (count * E).float() / float(T * k)", chunks=False)
+
+
 BASELINES = {
     "topk_gate": topk_gate_baseline,
     "normalize_weight": normalize_weight_baseline,
@@ -153,4 +176,6 @@ BASELINES = {
     "moe_topk_gate_backward": moe_topk_gate_backward_baseline,
     "get_fused_mapping": get_fused_mapping_baseline,
     "topk_sum_and_topk_group_idx": topk_sum_and_topk_group_idx_baseline,
+    "group_count": group_count_baseline,
+    "aux_fi": aux_fi_baseline,
 }

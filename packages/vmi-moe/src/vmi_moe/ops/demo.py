@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from vmi_core.library import support
+from vmi_core.tools.testing import generator
 
 # The routed_scaling_factor of the gate and its backward.
 SCALE = 1.5
@@ -23,6 +24,16 @@ SUPPORT = support("SIMD and SIMT vector regions", cpu="checked against the refer
                   ascend_sim="checked against the reference (ascend flavor)")
 # Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
 SHAPES = ((16384, 256), (4096, 384), (1024, 72), (1, 256), (4, 256), (16, 256))
+
+
+def routing(shape, options, seed) -> torch.Tensor:
+    """int64 ``[tokens, num_topk]``: ``options["num_topk"]`` distinct ids per token out of ``shape[1]``,
+    about 2% of the entries ``-1`` (unused slots)."""
+    num_tokens, num_ids = shape
+    g = generator(seed)
+    idx = torch.rand(num_tokens, num_ids, generator=g).argsort(dim=1)[:, :options["num_topk"]]
+    idx[torch.rand(idx.shape, generator=g) < 0.02] = -1
+    return idx.contiguous()
 
 
 def padding_mask(num_tokens: int) -> torch.Tensor:

@@ -12,15 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.checks import INT32_MAX, check_bool, check_int, check_tensor
+from vmi_core.checks import INT32_MAX, check_bool, check_int
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
-from vmi_core.tools.testing import generator
 
-from ..inputs import MAX_TOPK, new_status, raise_status
+from ..inputs import check_ids, new_status, raise_status
 from ..kernels import get_fused_mapping as parallel
 from ..reference import mapping as reference
-from .demo import SOURCE_EXPERTS, SUPPORT
+from .demo import SOURCE_EXPERTS, SUPPORT, routing
 
 # Expert ids are compile-time sizes of the kernels' counter tiles.
 MAX_EXPERTS = 65536
@@ -57,10 +56,7 @@ def _run(topk_idx, num_experts, num_expanded_tokens, alignment, *, out, target, 
     target = resolve_target(topk_idx, target)
     # No bit of the layout depends on the flavor; the argument is still checked like every op's.
     resolve_flavor(target, flavor)
-    check_tensor(topk_idx, "topk_idx", dtype=torch.int64, shape=(None, None), contiguous=True)
-    num_tokens, num_topk = topk_idx.shape
-    if not 1 <= num_topk <= MAX_TOPK:
-        raise ValueError(f"topk_idx must have 1 to {MAX_TOPK} columns, got {num_topk}")
+    num_tokens, num_topk = check_ids(topk_idx, "topk_idx")
     num_experts = check_int(num_experts, "num_experts", 1, MAX_EXPERTS)
     alignment = check_int(alignment, "alignment", 1, MAX_ALIGNMENT)
     num_expanded_tokens = check_int(num_expanded_tokens, "num_expanded_tokens", 0, INT32_MAX)
@@ -88,12 +84,7 @@ def _run(topk_idx, num_experts, num_expanded_tokens, alignment, *, out, target, 
 
 
 def _inputs(shape, options, seed):
-    """Each token routed to ``num_topk`` distinct experts at random, about 2% of the slots unused."""
-    num_tokens, num_experts = shape
-    g = generator(seed)
-    topk_idx = torch.rand(num_tokens, num_experts, generator=g).argsort(dim=1)[:, :options["num_topk"]]
-    topk_idx[torch.rand(topk_idx.shape, generator=g) < 0.02] = -1
-    return {"topk_idx": topk_idx.contiguous(), "num_experts": num_experts, "num_expanded_tokens": 0,
+    return {"topk_idx": routing(shape, options, seed), "num_experts": shape[1], "num_expanded_tokens": 0,
             "alignment": options["alignment"]}
 
 

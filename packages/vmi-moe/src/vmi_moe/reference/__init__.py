@@ -1,15 +1,18 @@
 """PyTorch reference (oracle) of the MoE routing ops."""
 
 from vmi_moe.reference.backward import moe_topk_gate_backward
+from vmi_moe.reference.counts import aux_fi, group_count
 from vmi_moe.reference.gate import force_random_route, moe_topk_gate_forward, resolve_collisions
 from vmi_moe.reference.mapping import get_fused_mapping
 from vmi_moe.reference.normalize import denominator, normalize_weight
 from vmi_moe.reference.topk import stable_topk, topk_gate, topk_sum_and_topk_group_idx
 
 __all__ = [
+    "aux_fi",
     "denominator",
     "force_random_route",
     "get_fused_mapping",
+    "group_count",
     "moe_topk_gate_backward",
     "moe_topk_gate_forward",
     "normalize_weight",
