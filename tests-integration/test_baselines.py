@@ -23,6 +23,8 @@ VARIANTS = {
     "cast": [["in_dtype=bf16", "dtype=e4m3"], ["stochastic_rounding=true"]],
     "cast_back": [["x_fmt=e2m1"], ["round_sf=true", "use_packed_ue8m0=true", "block_m=32", "block_k=1"]],
     "batched_transpose_weight_sf": [["block_size=128", "num_groups=3", "transpose_sf1=true"]],
+    "reduce_fused": [["dtype=fp32", "fp8_format=e4m3", "with_x_sf=true", "with_sf=true"],
+                     ["dtype=e4m3", "with_weights=false"]],
     "norm_forward": [["use_residual=true", "use_weight=false", "in_dtype=fp32"]],
     "norm_forward_and_per_token_cast": [["use_residual=true", "round_sf=true", "use_packed_ue8m0=true",
                                          "use_tma_aligned_col_major_sf=true", "with_out_bf16=true"]],

@@ -13,7 +13,10 @@ Criteria are the existing tests' (nothing looser):
   a few experts or spread over all, unused slots, drawn alignments and row counts;
 * ``topk_sum_and_topk_group_idx``: bit for bit against the reference, over scaled and tied data
   with special finite values and ``-inf``;
-* ``group_count``, ``aux_fi``: bit for bit against the references.
+* ``group_count``, ``aux_fi``: bit for bit against the references;
+* ``reduce_fused``: bit for bit against the reference (NaNs by position), over every input and
+  output format, with and without weights and scales, unused and repeated positions; a bad
+  position must raise.
 
 Drawn: token counts (0, 1, both sides of work tiles), gate options, data with ties and special
 finite values (signed zeros, subnormals, huge magnitudes); mostly finite. A non-finite score
@@ -52,11 +55,21 @@ from vmi_devkit.strategies import (
     seeds,
     slow_settings,
 )
-from vmi_moe import aux_fi, get_fused_mapping, group_count, normalize_weight, topk_gate, topk_sum_and_topk_group_idx
+from vmi_moe import (
+    aux_fi,
+    get_fused_mapping,
+    group_count,
+    normalize_weight,
+    reduce_fused,
+    topk_gate,
+    topk_sum_and_topk_group_idx,
+)
+from vmi_moe.ops.reduce_fused import placement
 from vmi_moe.reference import aux_fi as reference_aux_fi
 from vmi_moe.reference import get_fused_mapping as reference_mapping
 from vmi_moe.reference import group_count as reference_group_count
 from vmi_moe.reference import normalize_weight as reference_normalize
+from vmi_moe.reference import reduce_fused as reference_reduce_fused
 from vmi_moe.reference import stable_topk
 from vmi_moe.reference import topk_sum_and_topk_group_idx as reference_groups
 
@@ -366,6 +379,59 @@ def test_group_count_and_aux_fi_slow(data):
     check_counts(data, COUNTS_ALL)
 
 
+# --- reduce_fused ---------------------------------------------------------------------------------------------------
+
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
+REDUCE_DEFAULT = [(4, "fp32", ""), (4, "bf16", ""), (4, "e4m3", "")]  # test_reduce_fused's cpu kernels
+REDUCE_FORMATS = [("fp32", ""), ("bf16", ""), ("e4m3", ""), ("fp32", "e4m3"), ("bf16", "e4m3")]
+REDUCE_ALL = ([(k, *REDUCE_FORMATS[i % len(REDUCE_FORMATS)]) for i, k in enumerate((1, 2, 4, 6, 8, 9, 16, 32))]
+              + [(4, fmt, fp8) for fmt, fp8 in REDUCE_FORMATS])
+
+
+def check_reduce_fused(data, cases):
+    K, fmt, fp8 = data.draw(st.sampled_from(cases), label="(K, dtype, fp8_format)")
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    T = data.draw(token_counts(limit=100), label="tokens")
+    H = data.draw(st.one_of(st.sampled_from([0, 1, 64, 512, 513]), st.integers(1, 600)), label="hidden")
+    N = T * K + data.draw(st.integers(0, 5), label="spare rows")
+    seed = data.draw(seeds(), label="seed")
+    g = torch.Generator().manual_seed(seed)
+    scale = data.draw(st.sampled_from([1.0, 1e-30, 1e30, 2.0**-140, 64.0]), label="scale")
+    # Non-finite rows propagate (no check): NaNs compare by position.
+    rows = sprinkle(data, torch.randn(N, H, generator=g) * scale, FINITE_SPECIALS + NONFINITE).to(REDUCE_DTYPES[fmt])
+    with_x_sf = fmt == "e4m3" or data.draw(st.booleans(), label="with_x_sf")
+    x_sf = sprinkle(data, torch.rand(N, generator=g) * 4, FINITE_SPECIALS) if with_x_sf else None
+    weights = (sprinkle(data, torch.randn(T, K, generator=g), FINITE_SPECIALS)
+               if data.draw(st.booleans(), label="with_weights") else None)
+    pos = placement(T, K, N, seed + 1, unused=data.draw(st.sampled_from([0.0, 0.25, 1.0]), label="unused"))
+    if K > 1 and data.draw(st.booleans(), label="a row in two slots"):
+        pos[:, -1] = pos[:, 0]
+    sf = (torch.tensor([data.draw(st.sampled_from([1.0, 0.5, -3.0, 1e-3, 1e3, 2.0**20]), label="sf")])
+          if fp8 and data.draw(st.booleans(), label="with_sf") else None)
+    x = rows if x_sf is None else (rows, x_sf)
+    if T and data.draw(st.integers(0, 7).map(lambda v: v == 0), label="bad position"):
+        pos[data.draw(st.integers(0, T - 1), label="bad token"), data.draw(st.integers(0, K - 1), label="bad slot")] = \
+            data.draw(st.sampled_from([-2, N, 2**31 - 1, -(2**31)]), label="bad value")
+        with pytest.raises(ValueError, match="token_topk_to_pos holds positions outside"):
+            reduce_fused(x, weights, pos, fp8, sf, target="cpu", flavor=flavor)
+        return
+    out = reduce_fused(x, weights, pos, fp8, sf, target="cpu", flavor=flavor)
+    assert_bitwise_equal(out, reference_reduce_fused(x, weights, pos, fp8, sf),
+                         f"K={K} {fmt}->{fp8 or fmt} T={T} H={H} {flavor}", any_nan=True)
+
+
+@given(st.data())
+def test_reduce_fused(data):
+    check_reduce_fused(data, REDUCE_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_reduce_fused_slow(data):
+    check_reduce_fused(data, REDUCE_ALL)
+
+
 # --- what the slow twins draw ---------------------------------------------------------------------------------------
 
 # Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
@@ -377,6 +443,9 @@ DRAWN = {
                                           bias=lambda c: c.bias, mask=lambda c: c.mask),
     "moe_topk_gate_backward": drawn_values(BACKWARD_CASES + BACKWARD_FULL_CASES, num_topk=lambda c: c.K),
     "get_fused_mapping": {"num_topk": {k for _, k in MAPPING_ALL}, "alignment": MAPPING_ALIGNMENTS},
+    "reduce_fused": {**drawn_values(REDUCE_ALL, num_topk=lambda c: c[0], dtype=lambda c: c[1],
+                                    fp8_format=lambda c: c[2]),
+                     "with_weights": {False, True}, "with_x_sf": {False, True}, "with_sf": {False, True}},
     "group_count": {"num_topk": {k for _, k in COUNTS_ALL}},
     "aux_fi": {"num_topk": {k for _, k in COUNTS_ALL}},
     "topk_sum_and_topk_group_idx": drawn_values(GROUPS_ALL, num_groups=lambda c: c[0], num_topk_sum=lambda c: c[2],

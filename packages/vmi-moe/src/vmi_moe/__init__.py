@@ -11,7 +11,8 @@ and checked against a PyTorch reference (``vmi_moe.reference``):
 * ``moe_topk_gate_autograd`` — the gate with autograd (a registered backward);
 * ``get_fused_mapping`` — the expert-major layout of the routed slots, ranges aligned per expert;
 * ``topk_sum_and_topk_group_idx`` — group-limited routing's group ranking (top-1 or top-2 sums);
-* ``group_count``, ``aux_fi`` — entries per id, and the load-balancing frequency ``count·E / (T·k)``.
+* ``group_count``, ``aux_fi`` — entries per id, and the load-balancing frequency ``count·E / (T·k)``;
+* ``reduce_fused`` — the expanded expert rows summed back per token (weighted, fma in slot order).
 
 Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu`` or the reference ``torch``)
 and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
@@ -25,6 +26,7 @@ from vmi_moe.ops.group_count import group_count, group_count_parallel
 from vmi_moe.ops.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward, moe_topk_gate_forward_parallel
 from vmi_moe.ops.moe_topk_gate_backward import moe_topk_gate_backward, moe_topk_gate_backward_parallel
 from vmi_moe.ops.normalize_weight import normalize_weight, normalize_weight_parallel
+from vmi_moe.ops.reduce_fused import reduce_fused, reduce_fused_parallel
 from vmi_moe.ops.topk_gate import topk_gate, topk_gate_parallel
 from vmi_moe.ops.topk_sum_and_topk_group_idx import (
     topk_sum_and_topk_group_idx,
@@ -48,6 +50,8 @@ __all__ = [
     "moe_topk_gate_forward_parallel",
     "normalize_weight",
     "normalize_weight_parallel",
+    "reduce_fused",
+    "reduce_fused_parallel",
     "topk_gate",
     "topk_gate_parallel",
     "topk_sum_and_topk_group_idx",

@@ -169,6 +169,34 @@ def aux_fi_baseline(op, options):
     return Baseline(run, "torch ops: bincount, (count * E).float() / float(T * k)", chunks=False)
 
 
+# reduce_fused: products and sums rounded separately (torch has no fused multiply-add), ``sum`` in
+# its own order, and an unused slot's ``0 · row`` turns an inf or NaN of row 0 into NaN: the bits may
+# differ from the reference's fma chain.
+def reduce_fused_baseline(op, options):
+    out_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "e4m3": torch.float8_e4m3fn}[options["dtype"]]
+    if options["fp8_format"] == "e4m3":
+        out_dtype = torch.float8_e4m3fn
+
+    def one(x, x_sf, weights, pos, sf):
+        used = pos >= 0
+        rows = pos.clamp(min=0).long()
+        scale = torch.ones(pos.shape) if weights is None else weights
+        if x_sf is not None:
+            scale = scale * x_sf[rows]
+        scale = torch.where(used, scale, 0.0)
+        acc = (x[rows].float() * scale.unsqueeze(-1)).sum(1)
+        if sf is not None:
+            acc = acc * sf[0]
+        return acc.to(out_dtype)
+
+    def run(inputs, flavor, rows):
+        x, x_sf, weights, pos, sf = (inputs[k] for k in ("x", "x_sf", "topk_weights", "token_topk_to_pos", "sf"))
+        return (in_row_chunks(lambda a, b: one(x, x_sf, None if weights is None else weights[a:b], pos[a:b], sf),
+                              pos.shape[0], rows),)
+    return Baseline(run, "torch ops: x[pos] * (w * x_sf[pos]), .sum(1) over the slots, * sf, .to(dtype)",
+                    same_bits=False)
+
+
 BASELINES = {
     "topk_gate": topk_gate_baseline,
     "normalize_weight": normalize_weight_baseline,
@@ -178,4 +206,5 @@ BASELINES = {
     "topk_sum_and_topk_group_idx": topk_sum_and_topk_group_idx_baseline,
     "group_count": group_count_baseline,
     "aux_fi": aux_fi_baseline,
+    "reduce_fused": reduce_fused_baseline,
 }

@@ -5,6 +5,7 @@ from vmi_moe.reference.counts import aux_fi, group_count
 from vmi_moe.reference.gate import force_random_route, moe_topk_gate_forward, resolve_collisions
 from vmi_moe.reference.mapping import get_fused_mapping
 from vmi_moe.reference.normalize import denominator, normalize_weight
+from vmi_moe.reference.reduce import reduce_fused
 from vmi_moe.reference.topk import stable_topk, topk_gate, topk_sum_and_topk_group_idx
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "moe_topk_gate_backward",
     "moe_topk_gate_forward",
     "normalize_weight",
+    "reduce_fused",
     "resolve_collisions",
     "stable_topk",
     "topk_gate",
