@@ -16,7 +16,10 @@ Criteria are the existing tests' (nothing looser):
 * ``group_count``, ``aux_fi``: bit for bit against the references;
 * ``reduce_fused``: bit for bit against the reference (NaNs by position), over every input and
   output format, with and without weights and scales, unused and repeated positions; a bad
-  position must raise.
+  position must raise;
+* ``mask_indices_by_tp``, ``inplace_unique_group_indices``: bit for bit against the references over
+  the whole 32-bit id and rank ranges; ids out of range must raise (the in-place op's input then
+  unchanged).
 
 Drawn: token counts (0, 1, both sides of work tiles), gate options, data with ties and special
 finite values (signed zeros, subnormals, huge magnitudes); mostly finite. A non-finite score
@@ -59,6 +62,8 @@ from vmi_moe import (
     aux_fi,
     get_fused_mapping,
     group_count,
+    inplace_unique_group_indices,
+    mask_indices_by_tp,
     normalize_weight,
     reduce_fused,
     topk_gate,
@@ -68,10 +73,12 @@ from vmi_moe.ops.reduce_fused import placement
 from vmi_moe.reference import aux_fi as reference_aux_fi
 from vmi_moe.reference import get_fused_mapping as reference_mapping
 from vmi_moe.reference import group_count as reference_group_count
+from vmi_moe.reference import mask_indices_by_tp as reference_mask
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import reduce_fused as reference_reduce_fused
 from vmi_moe.reference import stable_topk
 from vmi_moe.reference import topk_sum_and_topk_group_idx as reference_groups
+from vmi_moe.reference import unique_group_indices as reference_unique
 
 # The default-budget tests run in the normal test command; their `slow` twins (>= 1000 examples
 # each) run under `nox -s slow`, and CI's rotating share of the slow sweeps leaves them out.
@@ -432,6 +439,93 @@ def test_reduce_fused_slow(data):
     check_reduce_fused(data, REDUCE_ALL)
 
 
+# --- mask_indices_by_tp ----------------------------------------------------------------------------------------------
+
+# (K, dtype): the default run's two kernels; the slow run every documented K in both dtypes.
+MASK_DEFAULT = [(8, torch.int64), (3, torch.int32)]
+MASK_ALL = MASK_DEFAULT + [(k, dtype) for k in (1, 2, 6, 8, 16, 32) for dtype in (torch.int64, torch.int32)]
+MASK_DTYPE_NAMES = {torch.int64: "int64", torch.int32: "int32"}
+
+
+def check_mask(data, sizes):
+    K, dtype = data.draw(st.sampled_from(sizes), label="(K, dtype)")
+    T = data.draw(token_counts(), label="tokens")
+    num_ep_ranks = data.draw(st.one_of(st.sampled_from([1, 2, 8, 64]), st.integers(1, 2**31 - 1)), label="ep ranks")
+    n = data.draw(st.one_of(st.integers(num_ep_ranks, min(4 * num_ep_ranks, 2**31 - 1)),
+                            st.integers(num_ep_ranks, 2**31 - 1)), label="n")
+    num_tp_ranks = data.draw(st.one_of(st.sampled_from([1, 2, 4, 8]), st.integers(1, 2**31 - 1)), label="tp ranks")
+    tp_rank = data.draw(st.integers(0, num_tp_ranks - 1), label="tp rank")
+    g = torch.Generator().manual_seed(data.draw(seeds(), label="seed"))
+    # Ids near the rank's blocks or over the whole 32-bit range, some negative down to the dtype's minimum.
+    top = data.draw(st.sampled_from([n, min(2 * n, 2**31 - 1), 2**31 - 1]), label="largest id")
+    ids = torch.randint(-3, top + 1, (T, K), generator=g)
+    ids[torch.rand(T, K, generator=g) < 0.02] = -(2**63) if dtype == torch.int64 else -(2**31)
+    ids = ids.to(dtype)
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    ranks = (n, num_ep_ranks, tp_rank, num_tp_ranks)
+    if dtype == torch.int64 and T and data.draw(st.integers(0, 7).map(lambda v: v == 0), label="id above 2^31 - 1"):
+        ids.view(-1)[data.draw(st.integers(0, T * K - 1), label="where")] = data.draw(
+            st.integers(2**31, 2**63 - 1), label="large id")
+        with pytest.raises(ValueError, match=r"indices holds ids above 2\^31 - 1"):
+            mask_indices_by_tp(ids, *ranks, target="cpu", flavor=flavor)
+        return
+    assert_bitwise_equal(mask_indices_by_tp(ids, *ranks, target="cpu", flavor=flavor), reference_mask(ids, *ranks),
+                         f"K={K} {dtype} T={T} ranks={ranks}")
+
+
+@given(st.data())
+def test_mask_indices_by_tp(data):
+    check_mask(data, MASK_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_mask_indices_by_tp_slow(data):
+    check_mask(data, MASK_ALL)
+
+
+# --- inplace_unique_group_indices ----------------------------------------------------------------------------------
+
+UNIQUE_DEFAULT = [6]
+UNIQUE_ALL = UNIQUE_DEFAULT + [1, 2, 4, 8, 16, 32]
+
+
+def check_unique(data, topks):
+    K = data.draw(st.sampled_from(topks), label="K")
+    T = data.draw(token_counts(), label="tokens")
+    num_groups = data.draw(st.one_of(st.sampled_from([1, 2, 8, 128]), st.integers(1, 2**31 - 1)), label="groups")
+    g = torch.Generator().manual_seed(data.draw(seeds(), label="seed"))
+    # Ids from a few groups (many repeats) or spread, some unused; offset towards the top of the range.
+    used = data.draw(st.integers(1, min(num_groups, 64)), label="groups used")
+    ids = torch.randint(0, used, (T, K), generator=g) + data.draw(st.integers(0, num_groups - used), label="offset")
+    ids[torch.rand(T, K, generator=g) < data.draw(st.sampled_from([0.0, 0.1, 0.9]), label="unused")] = -1
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    result = ids.clone()
+    if T and data.draw(st.integers(0, 7).map(lambda v: v == 0), label="bad id"):
+        result.view(-1)[data.draw(st.integers(0, T * K - 1), label="where")] = data.draw(
+            st.one_of(st.integers(-(2**63), -2), st.integers(num_groups, 2**63 - 1)), label="bad value")
+        before = result.clone()
+        with pytest.raises(ValueError, match="group_indices holds group ids outside"):
+            inplace_unique_group_indices(result, num_groups, target="cpu", flavor=flavor)
+        assert_bitwise_equal(result, before, "group_indices after the error")
+        return
+    inplace_unique_group_indices(result, num_groups, target="cpu", flavor=flavor)
+    assert_bitwise_equal(result, reference_unique(ids, num_groups), f"K={K} T={T} G={num_groups}")
+
+
+@given(st.data())
+def test_inplace_unique_group_indices(data):
+    check_unique(data, UNIQUE_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_inplace_unique_group_indices_slow(data):
+    check_unique(data, UNIQUE_ALL)
+
+
 # --- what the slow twins draw ---------------------------------------------------------------------------------------
 
 # Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
@@ -446,6 +540,8 @@ DRAWN = {
     "reduce_fused": {**drawn_values(REDUCE_ALL, num_topk=lambda c: c[0], dtype=lambda c: c[1],
                                     fp8_format=lambda c: c[2]),
                      "with_weights": {False, True}, "with_x_sf": {False, True}, "with_sf": {False, True}},
+    "mask_indices_by_tp": {"num_topk": {k for k, _ in MASK_ALL}, "dtype": {MASK_DTYPE_NAMES[d] for _, d in MASK_ALL}},
+    "inplace_unique_group_indices": {"num_topk": set(UNIQUE_ALL)},
     "group_count": {"num_topk": {k for _, k in COUNTS_ALL}},
     "aux_fi": {"num_topk": {k for _, k in COUNTS_ALL}},
     "topk_sum_and_topk_group_idx": drawn_values(GROUPS_ALL, num_groups=lambda c: c[0], num_topk_sum=lambda c: c[2],

@@ -12,7 +12,9 @@ and checked against a PyTorch reference (``vmi_moe.reference``):
 * ``get_fused_mapping`` — the expert-major layout of the routed slots, ranges aligned per expert;
 * ``topk_sum_and_topk_group_idx`` — group-limited routing's group ranking (top-1 or top-2 sums);
 * ``group_count``, ``aux_fi`` — entries per id, and the load-balancing frequency ``count·E / (T·k)``;
-* ``reduce_fused`` — the expanded expert rows summed back per token (weighted, fma in slot order).
+* ``reduce_fused`` — the expanded expert rows summed back per token (weighted, fma in slot order);
+* ``mask_indices_by_tp`` — keep one TP rank's expert ids, renumbered to its local experts;
+* ``inplace_unique_group_indices`` — per token, repeated group ids become -1, in place.
 
 Every op takes ``target=`` (``ascend``, ``cuda``, ``cpu`` or the reference ``torch``)
 and ``flavor=`` (``ascend`` or ``cuda`` bit conventions on ``cpu``); ``*_parallel``
@@ -23,6 +25,11 @@ from vmi_moe.autograd import moe_topk_gate_autograd
 from vmi_moe.ops.aux_fi import aux_fi, aux_fi_parallel
 from vmi_moe.ops.get_fused_mapping import get_fused_mapping, get_fused_mapping_parallel
 from vmi_moe.ops.group_count import group_count, group_count_parallel
+from vmi_moe.ops.inplace_unique_group_indices import (
+    inplace_unique_group_indices,
+    inplace_unique_group_indices_parallel,
+)
+from vmi_moe.ops.mask_indices_by_tp import mask_indices_by_tp, mask_indices_by_tp_parallel
 from vmi_moe.ops.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward, moe_topk_gate_forward_parallel
 from vmi_moe.ops.moe_topk_gate_backward import moe_topk_gate_backward, moe_topk_gate_backward_parallel
 from vmi_moe.ops.normalize_weight import normalize_weight, normalize_weight_parallel
@@ -42,6 +49,10 @@ __all__ = [
     "get_fused_mapping_parallel",
     "group_count",
     "group_count_parallel",
+    "inplace_unique_group_indices",
+    "inplace_unique_group_indices_parallel",
+    "mask_indices_by_tp",
+    "mask_indices_by_tp_parallel",
     "moe_topk_gate_autograd",
     "moe_topk_gate_backward",
     "moe_topk_gate_backward_parallel",

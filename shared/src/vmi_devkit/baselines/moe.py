@@ -197,6 +197,35 @@ def reduce_fused_baseline(op, options):
                     same_bits=False)
 
 
+def mask_indices_by_tp_baseline(op, options):
+    def one(v, per_gpu, num_tp_ranks, tp_rank):
+        block = v // per_gpu
+        keep = (v >= 0) & (block % num_tp_ranks == tp_rank)
+        return torch.where(keep, (block // num_tp_ranks) * per_gpu + (v - block * per_gpu), -1).to(v.dtype)
+
+    def run(inputs, flavor, rows):
+        indices = inputs["indices"]
+        per_gpu = inputs["n"] // inputs["num_ep_ranks"]
+        return (in_row_chunks(lambda a, b: one(indices[a:b], per_gpu, inputs["num_tp_ranks"], inputs["tp_rank"]),
+                              indices.shape[0], rows),)
+    return Baseline(run, "torch ops: v // per_gpu, % num_tp_ranks == tp_rank, the local id by // and -, torch.where")
+
+
+def inplace_unique_group_indices_baseline(op, options):
+    num_topk = options["num_topk"]
+
+    def one(ids):
+        earlier = torch.ones(num_topk, num_topk, dtype=torch.bool, device=ids.device).tril(-1)
+        repeated = ((ids.unsqueeze(2) == ids.unsqueeze(1)) & earlier).any(dim=2)
+        return torch.where(repeated, -1, ids)
+
+    def run(inputs, flavor, rows):
+        ids = inputs["group_indices"]
+        return (in_row_chunks(lambda a, b: one(ids[a:b]), ids.shape[0], rows),)
+    return Baseline(run, "torch ops: pairwise == within each row, & an earlier-column mask, any(), torch.where "
+                         "(a new tensor)")
+
+
 BASELINES = {
     "topk_gate": topk_gate_baseline,
     "normalize_weight": normalize_weight_baseline,
@@ -207,4 +236,6 @@ BASELINES = {
     "group_count": group_count_baseline,
     "aux_fi": aux_fi_baseline,
     "reduce_fused": reduce_fused_baseline,
+    "mask_indices_by_tp": mask_indices_by_tp_baseline,
+    "inplace_unique_group_indices": inplace_unique_group_indices_baseline,
 }

@@ -14,6 +14,7 @@ import torch
 
 from vmi_core.checks import INT32_MAX, check_bool, check_int
 from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
+from vmi_core.plan import with_values
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from ..inputs import check_ids, new_status, raise_status
@@ -165,7 +166,9 @@ def get_fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tok
     outputs = GET_FUSED_MAPPING(topk_idx, num_experts, num_expanded_tokens, alignment, target=target, flavor=flavor)
     if num_expanded_tokens != 0 or force_no_sync:
         return (*outputs, [])
-    sizes = outputs[6].tolist()
+    # The host synchronization TileKernels makes here (outside the op: a plan does not repeat it).
+    sizes = []
+    with_values(outputs[6], sizes.extend)
     used = sum(sizes)
     return (*(rows[:used] for rows in outputs[:3]), *outputs[3:], sizes)
 

@@ -3,6 +3,7 @@
 from vmi_moe.reference.backward import moe_topk_gate_backward
 from vmi_moe.reference.counts import aux_fi, group_count
 from vmi_moe.reference.gate import force_random_route, moe_topk_gate_forward, resolve_collisions
+from vmi_moe.reference.indices import inplace_unique_group_indices, mask_indices_by_tp, unique_group_indices
 from vmi_moe.reference.mapping import get_fused_mapping
 from vmi_moe.reference.normalize import denominator, normalize_weight
 from vmi_moe.reference.reduce import reduce_fused
@@ -14,6 +15,8 @@ __all__ = [
     "force_random_route",
     "get_fused_mapping",
     "group_count",
+    "inplace_unique_group_indices",
+    "mask_indices_by_tp",
     "moe_topk_gate_backward",
     "moe_topk_gate_forward",
     "normalize_weight",
@@ -22,4 +25,5 @@ __all__ = [
     "stable_topk",
     "topk_gate",
     "topk_sum_and_topk_group_idx",
+    "unique_group_indices",
 ]
