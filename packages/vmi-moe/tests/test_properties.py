@@ -17,6 +17,8 @@ Criteria are the existing tests' (nothing looser):
 * ``reduce_fused``: bit for bit against the reference (NaNs by position), over every input and
   output format, with and without weights and scales, unused and repeated positions; a bad
   position must raise;
+* ``expand_to_fused``, ``expand_to_fused_with_sf``: bit for bit against the reference over any bit
+  patterns, every data and SF format and layout; corrupted mappings must raise;
 * ``mask_indices_by_tp``, ``inplace_unique_group_indices``: bit for bit against the references over
   the whole 32-bit id and rank ranges; ids out of range must raise (the in-place op's input then
   unchanged).
@@ -60,6 +62,8 @@ from vmi_devkit.strategies import (
 )
 from vmi_moe import (
     aux_fi,
+    expand_to_fused,
+    expand_to_fused_with_sf,
     get_fused_mapping,
     group_count,
     inplace_unique_group_indices,
@@ -71,6 +75,7 @@ from vmi_moe import (
 )
 from vmi_moe.ops.reduce_fused import placement
 from vmi_moe.reference import aux_fi as reference_aux_fi
+from vmi_moe.reference import expand_to_fused as reference_expand
 from vmi_moe.reference import get_fused_mapping as reference_mapping
 from vmi_moe.reference import group_count as reference_group_count
 from vmi_moe.reference import mask_indices_by_tp as reference_mask
@@ -526,6 +531,127 @@ def test_inplace_unique_group_indices_slow(data):
     check_unique(data, UNIQUE_ALL)
 
 
+# --- expand_to_fused, expand_to_fused_with_sf ---------------------------------------------------------------------
+
+EXPAND_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "e4m3": torch.float8_e4m3fn,
+                 "e5m2": torch.float8_e5m2}
+EXPAND_TOPK_ALL = [1, 2, 4, 6, 8, 16, 32]
+# (num_per_channels, SF word, column-major in, column-major out)
+EXPAND_SF_DEFAULT = [(128, "fp32", False, False), (32, "ue8m0", True, True)]
+EXPAND_SF_ALL = [(npc, sf, cin, cout) for npc in (16, 32, 64, 128) for sf in ("fp32", "ue8m0", "ue8m0_int16")
+                 for cin in (False, True) for cout in (False, True)]
+EXPAND_SF_WORDS = {"fp32": (torch.float32, 1), "ue8m0": (torch.int32, 4), "ue8m0_int16": (torch.int16, 2)}
+
+
+def random_bits(shape, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Any bit patterns (NaN payloads, -0.0, subnormals): the copy must keep them all."""
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    info = torch.iinfo(bits)
+    return torch.randint(info.min, info.max, shape, generator=g, dtype=torch.int64).to(bits).view(dtype)
+
+
+def fused_layout(data, topks):
+    """``(token_topk_to_pos, pos_to_expert, K, g)`` of a drawn routing (unused slots and repeated experts
+    included) laid out by the reference ``get_fused_mapping`` with drawn trailing padding; rarely
+    corrupted: then also the ``ValueError`` match."""
+    k = data.draw(st.sampled_from(topks), label="K")
+    num_tokens = data.draw(token_counts(limit=200), label="tokens")
+    num_experts = data.draw(st.integers(1, 40), label="experts")
+    alignment = data.draw(st.sampled_from([1, 4, 16, 64]), label="alignment")
+    g = torch.Generator().manual_seed(data.draw(seeds(), label="seed"))
+    idx = torch.randint(-1, num_experts, (num_tokens, k), generator=g)
+    counts = torch.bincount(idx[idx >= 0], minlength=num_experts)
+    needed = int(((counts + alignment - 1) // alignment).sum()) * alignment
+    extra = data.draw(st.integers(0, 40), label="extra rows")
+    pte, _, _, pos, *_ = reference_mapping(idx, num_experts, needed + extra, alignment)
+    pos, pte = pos.contiguous(), pte.contiguous()
+    bad = None
+    if pos.numel() and data.draw(st.integers(0, 7), label="corrupt") == 0:
+        pos = pos.clone()
+        slot = data.draw(st.integers(0, pos.numel() - 1), label="bad slot")
+        kind = data.draw(st.sampled_from(["outside", "padding", "unused"]), label="corruption")
+        if kind == "outside":
+            pos.view(-1)[slot] = data.draw(st.sampled_from([-2, pte.shape[0], 2**31 - 1]), label="bad position")
+            bad = "holds positions outside"
+        elif kind == "padding" and bool((pte < 0).any()):
+            pos.view(-1)[slot] = int(torch.nonzero(pte < 0)[0])
+            bad = "places slots on padding rows"
+        elif kind == "unused" and bool((pos >= 0).any()):
+            pos.view(-1)[int(torch.nonzero(pos.view(-1) >= 0)[0])] = -1
+            bad = "a different number of slots"
+    return pos, pte, bad, g
+
+
+def hidden_sizes(data, any_width: bool) -> int:
+    """Row widths: any (1-, 2- and 4-byte words) in the slow twins, even ones of whole 4-byte words by default
+    (the one kernel per K that both ops share)."""
+    if any_width:
+        return data.draw(st.one_of(st.sampled_from([0, 1, 37, 512, 1100]), st.integers(0, 700)), label="H")
+    return 4 * data.draw(st.one_of(st.sampled_from([0, 16, 128, 275]), st.integers(0, 200)), label="H / 4")
+
+
+def check_expand_to_fused(data, topks, any_width: bool):
+    pos, pte, bad, g = fused_layout(data, topks)
+    dtype = EXPAND_DTYPES[data.draw(st.sampled_from(list(EXPAND_DTYPES)), label="dtype")]
+    x = random_bits((pos.shape[0], hidden_sizes(data, any_width)), dtype, g)
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    if bad is not None:
+        with pytest.raises(ValueError, match=bad):
+            expand_to_fused(x, pos, pte, target="cpu", flavor=flavor)
+        return
+    out = expand_to_fused(x, pos, pte, target="cpu", flavor=flavor)
+    assert_bitwise_equal(out, reference_expand(x, pos, pte), f"K={pos.shape[1]} T={x.shape[0]} H={x.shape[1]} {dtype}")
+
+
+def check_expand_to_fused_with_sf(data, topks, sf_cases, any_width: bool):
+    pos, pte, bad, g = fused_layout(data, topks)
+    npc, sf_name, col_in, col_out = data.draw(st.sampled_from(sf_cases), label="(npc, sf, col in, col out)")
+    num_tokens, hidden = pos.shape[0], hidden_sizes(data, any_width)
+    word, pack = EXPAND_SF_WORDS[sf_name]
+    sf = random_bits((num_tokens, ((hidden + npc - 1) // npc + pack - 1) // pack), word, g)
+    if col_in:
+        sf = sf.t().contiguous().t()
+    x = (random_bits((num_tokens, hidden), torch.float8_e4m3fn, g), sf)
+    flavor = data.draw(st.sampled_from(["ascend", "cuda"]), label="flavor")
+    if bad is not None:
+        with pytest.raises(ValueError, match=bad):
+            expand_to_fused_with_sf(x, npc, pos, pte, col_out, target="cpu", flavor=flavor)
+        return
+    out, out_sf = expand_to_fused_with_sf(x, npc, pos, pte, col_out, target="cpu", flavor=flavor)
+    ref, ref_sf = expand_to_fused_with_sf(x, npc, pos, pte, col_out, target="torch", flavor=flavor)
+    what = f"K={pos.shape[1]} T={num_tokens} H={hidden} npc={npc} {sf_name} col={col_in}/{col_out} {flavor}"
+    assert_bitwise_equal(out, ref, f"{what} data")
+    assert_bitwise_equal(out_sf, ref_sf, f"{what} sf")
+    if col_out and out_sf.numel():
+        # The alignment rows of the buffer: zero.
+        buffer = torch.as_strided(out_sf, (out_sf.shape[1], out_sf.stride(1)), (out_sf.stride(1), 1))
+        assert bool((buffer[:, out_sf.shape[0]:].contiguous().view(torch.uint8) == 0).all()), f"{what} alignment rows"
+
+
+@given(st.data())
+def test_expand_to_fused(data):
+    check_expand_to_fused(data, [8], any_width=False)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_expand_to_fused_slow(data):
+    check_expand_to_fused(data, EXPAND_TOPK_ALL, any_width=True)
+
+
+@given(st.data())
+def test_expand_to_fused_with_sf(data):
+    check_expand_to_fused_with_sf(data, [8], EXPAND_SF_DEFAULT, any_width=False)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_expand_to_fused_with_sf_slow(data):
+    check_expand_to_fused_with_sf(data, EXPAND_TOPK_ALL, EXPAND_SF_ALL, any_width=True)
+
+
 # --- what the slow twins draw ---------------------------------------------------------------------------------------
 
 # Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
@@ -542,6 +668,12 @@ DRAWN = {
                      "with_weights": {False, True}, "with_x_sf": {False, True}, "with_sf": {False, True}},
     "mask_indices_by_tp": {"num_topk": {k for k, _ in MASK_ALL}, "dtype": {MASK_DTYPE_NAMES[d] for _, d in MASK_ALL}},
     "inplace_unique_group_indices": {"num_topk": set(UNIQUE_ALL)},
+    "expand_to_fused": {"num_topk": EXPAND_TOPK_ALL, "dtype": list(EXPAND_DTYPES)},
+    "expand_to_fused_with_sf": {
+        "num_topk": EXPAND_TOPK_ALL,
+        **drawn_values(EXPAND_SF_ALL, num_per_channels=lambda c: c[0], sf=lambda c: c[1].partition("_int16")[0],
+                       use_tma_aligned_col_major_sf=lambda c: c[3]),
+    },
     "group_count": {"num_topk": {k for _, k in COUNTS_ALL}},
     "aux_fi": {"num_topk": {k for _, k in COUNTS_ALL}},
     "topk_sum_and_topk_group_idx": drawn_values(GROUPS_ALL, num_groups=lambda c: c[0], num_topk_sum=lambda c: c[2],

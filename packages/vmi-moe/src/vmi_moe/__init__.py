@@ -12,6 +12,8 @@ and checked against a PyTorch reference (``vmi_moe.reference``):
 * ``get_fused_mapping`` — the expert-major layout of the routed slots, ranges aligned per expert;
 * ``topk_sum_and_topk_group_idx`` — group-limited routing's group ranking (top-1 or top-2 sums);
 * ``group_count``, ``aux_fi`` — entries per id, and the load-balancing frequency ``count·E / (T·k)``;
+* ``expand_to_fused``, ``expand_to_fused_with_sf`` — token rows (and per-token SF) copied to their slots'
+  rows of the fused layout, padding rows zero;
 * ``reduce_fused`` — the expanded expert rows summed back per token (weighted, fma in slot order);
 * ``mask_indices_by_tp`` — keep one TP rank's expert ids, renumbered to its local experts;
 * ``inplace_unique_group_indices`` — per token, repeated group ids become -1, in place.
@@ -23,6 +25,12 @@ entry points always run the kernel.
 
 from vmi_moe.autograd import moe_topk_gate_autograd
 from vmi_moe.ops.aux_fi import aux_fi, aux_fi_parallel
+from vmi_moe.ops.expand_to_fused import (
+    expand_to_fused,
+    expand_to_fused_parallel,
+    expand_to_fused_with_sf,
+    expand_to_fused_with_sf_parallel,
+)
 from vmi_moe.ops.get_fused_mapping import get_fused_mapping, get_fused_mapping_parallel
 from vmi_moe.ops.group_count import group_count, group_count_parallel
 from vmi_moe.ops.inplace_unique_group_indices import (
@@ -45,6 +53,10 @@ __version__ = "0.1.0"
 __all__ = [
     "aux_fi",
     "aux_fi_parallel",
+    "expand_to_fused",
+    "expand_to_fused_parallel",
+    "expand_to_fused_with_sf",
+    "expand_to_fused_with_sf_parallel",
     "get_fused_mapping",
     "get_fused_mapping_parallel",
     "group_count",

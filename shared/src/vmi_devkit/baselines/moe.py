@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vmi_core.targets import get_flavor
 from vmi_core.tools.bench import Baseline, in_row_chunks
 
 EPSILON = 1e-20
@@ -226,6 +227,40 @@ def inplace_unique_group_indices_baseline(op, options):
                          "(a new tensor)")
 
 
+def _expand(rows: torch.Tensor, pos: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    placed = pos >= 0
+    num_topk = pos.shape[1]
+    out[pos[placed].long()] = rows.unsqueeze(1).expand(-1, num_topk, -1)[placed]
+    return out
+
+
+def expand_to_fused_baseline(op, options):
+    def run(inputs, flavor, rows):
+        x, pos, pte = inputs["x"], inputs["token_topk_to_pos"], inputs["pos_to_expert"]
+        return (_expand(x, pos, x.new_zeros((pte.shape[0], x.shape[1]))),)
+    # The output of every row depends on the whole mapping: no row chunks.
+    return Baseline(run, "torch ops: zeros, out[pos] = x[token] (index_put)", chunks=False)
+
+
+def expand_to_fused_with_sf_baseline(op, options):
+    col_major = options["use_tma_aligned_col_major_sf"]
+
+    def run(inputs, flavor, rows):
+        x, sf = inputs["x_data"], inputs["x_sf"]
+        pos, pte = inputs["token_topk_to_pos"], inputs["pos_to_expert"]
+        num_expanded, hidden_sf = pte.shape[0], sf.shape[1]
+        out = _expand(x, pos, x.new_zeros((num_expanded, x.shape[1])))
+        if col_major:
+            align = get_flavor(flavor).col_major_align(sf.element_size())
+            storage = sf.new_zeros((hidden_sf, -(-num_expanded // align) * align))
+            out_sf = storage[:, :num_expanded].t()
+        else:
+            out_sf = sf.new_zeros((num_expanded, hidden_sf))
+        return out, _expand(sf, pos, out_sf)
+    return Baseline(run, "torch ops: zeros, out[pos] = x[token] and out_sf[pos] = sf[token] (index_put)",
+                    chunks=False)
+
+
 BASELINES = {
     "topk_gate": topk_gate_baseline,
     "normalize_weight": normalize_weight_baseline,
@@ -235,6 +270,8 @@ BASELINES = {
     "topk_sum_and_topk_group_idx": topk_sum_and_topk_group_idx_baseline,
     "group_count": group_count_baseline,
     "aux_fi": aux_fi_baseline,
+    "expand_to_fused": expand_to_fused_baseline,
+    "expand_to_fused_with_sf": expand_to_fused_with_sf_baseline,
     "reduce_fused": reduce_fused_baseline,
     "mask_indices_by_tp": mask_indices_by_tp_baseline,
     "inplace_unique_group_indices": inplace_unique_group_indices_baseline,

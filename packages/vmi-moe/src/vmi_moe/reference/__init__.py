@@ -2,6 +2,7 @@
 
 from vmi_moe.reference.backward import moe_topk_gate_backward
 from vmi_moe.reference.counts import aux_fi, group_count
+from vmi_moe.reference.expand import expand_to_fused, expand_to_fused_with_sf
 from vmi_moe.reference.gate import force_random_route, moe_topk_gate_forward, resolve_collisions
 from vmi_moe.reference.indices import inplace_unique_group_indices, mask_indices_by_tp, unique_group_indices
 from vmi_moe.reference.mapping import get_fused_mapping
@@ -12,6 +13,8 @@ from vmi_moe.reference.topk import stable_topk, topk_gate, topk_sum_and_topk_gro
 __all__ = [
     "aux_fi",
     "denominator",
+    "expand_to_fused",
+    "expand_to_fused_with_sf",
     "force_random_route",
     "get_fused_mapping",
     "group_count",
