@@ -105,10 +105,10 @@ def test_demo_prints_the_stage_table_and_errors(capsys, monkeypatch):
     from vmi_devkit.demo import main
 
     monkeypatch.setenv(THREADS_ENV, "1")  # restored afterwards: the demo sets it for its process
-    assert main(["--min-time", "0.01"]) == 0
+    assert main(["--repeat", "1"]) == 0
     out = capsys.readouterr().out
-    for stage in ("expand_to_mhc", "mhc_pre", "RMSNorm + E4M3 cast", "moe_topk_gate", "SwiGLU + E4M3 cast",
-                  "mhc_post", "mhc_head", "block (forward + backward)"):
+    for stage in ("expand_to_mhc", "mhc_pre", "RMSNorm + E4M3 cast", "moe_topk_gate", "routing layout", "dispatch",
+                  "SwiGLU + E4M3 cast", "combine", "mhc_post", "mhc_head", "block (forward + backward)"):
         assert stage in out, stage
     assert "max error against the float64 block" in out
     assert out.count("gradients up to") == 2

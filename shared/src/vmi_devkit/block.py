@@ -12,16 +12,18 @@ The block (one MoE sublayer between mHC's pre and post, then mHC's LM-head mix):
     mhc_pre(R) ─ layer_input (T, H), post_mix, comb_mix
     RMSNorm + per-token E4M3 cast (RMSNormFunction with NormCastOptions) ─ u (bf16), (data, sf)
     gate GEMM (torch stand-in): logits = u · W_gate^T ─ moe_topk_gate_autograd ─ topk_idx, topk_weights
-    dispatch into the psum layout (expert-sorted rows, token order inside an expert)
-    expert up GEMM (torch stand-in): h = dequant(data, sf)[token] · W_up[e]^T (bf16 rows)
-    swiglu_forward_and_per_token_cast(h, weights of the rows) ─ E4M3 activation
+    get_fused_mapping, group_count ─ the fused expert layout (expert ranges, pairs in token order)
+    expand_to_fused(dequant(data, sf)) ─ rows; expert up GEMM (torch stand-in): h = rows · W_up[e]^T
+    swiglu_forward_and_per_token_cast(h, the rows' weights: expand_to_fused too) ─ E4M3 activation
     expert down GEMM (torch stand-in): y = dequant(act) · W_down[e]^T
-    combine: out[t] = Σ_k y[row of (t, k)], slots in order ─ layer_output (T, H) bf16
+    reduce_fused: out[t] = Σ_k y[row of (t, k)], slots in order ─ layer_output (T, H) bf16
     mhc_post(layer_output, R, post_mix, comb_mix) ─ R' (T, n, H)
     mhc_head(R') ─ (T, H) bf16;  loss = Σ head · probe
 
 The routing weights multiply the SwiGLU output inside its kernel (TileKernels' ``topk_weights``),
-so the combine is a plain per-token sum of the weighted expert rows. The FP8 casts are quantized
+so the combine is a plain per-token sum of the weighted expert rows. Dispatch and combine are each
+other's gradient: the backward of ``expand_to_fused`` is an unweighted ``reduce_fused`` and that of
+``reduce_fused`` an ``expand_to_fused``. The FP8 casts are quantized
 forward and straight-through backward: the gradient of the dequantized tensor is taken as the
 gradient of the tensor that was cast (the bf16 norm output; the SwiGLU activation, whose gradient
 ``swiglu_backward`` takes). ``Float64`` quantizes to E4M3 the same way (scales from its own amax),
@@ -136,47 +138,40 @@ def make_params(config: BlockConfig, seed: int = 0) -> BlockParams:
     )
 
 
-# --- the expert layout: index bookkeeping shared by every implementation ---
+# --- the expert layout: the routing's fused layout, shared by every implementation ---
 
 @dataclass(frozen=True)
 class ExpertLayout:
-    """The routed (token, slot) pairs of a routing, sorted by expert (then token, slot), and their
-    rows in TileKernels' psum layout: expert ``e`` owns rows ``[align(psum[e-1], A), psum[e])``, the
-    other rows are padding."""
+    """A routing's fused expert layout (``vmi_moe.get_fused_mapping``): expert ``e`` owns a range of
+    rows rounded up to the alignment, its (token, slot) pairs first in (token, slot) order, the rest
+    padding. ``psum`` (each expert's end of pairs) is TileKernels' psum layout, which the SwiGLU
+    kernels read: expert ``e``'s rows are ``[align(psum[e-1], A), psum[e])``."""
 
-    psum: torch.Tensor        # int32 (E,)
-    num_rows: int
-    pair_slot: torch.Tensor   # int64 (P,): token * K + slot of each pair, in expert order
-    pair_row: torch.Tensor    # int64 (P,): its row in the psum layout
-    pair_ranges: tuple[tuple[int, int], ...]  # per expert, its pairs [start, end)
-    num_topk: int
-
-    @property
-    def pair_token(self) -> torch.Tensor:
-        return self.pair_slot // self.num_topk
+    token_topk_to_pos: torch.Tensor  # int32 (T, K): each pair's row
+    pos_to_expert: torch.Tensor      # int32 (N,): each row's expert, -1 for padding
+    psum: torch.Tensor               # int32 (E,)
+    pair_rows: tuple[tuple[int, int], ...]  # per expert, its pairs' rows [start, end)
 
     @staticmethod
-    def build(topk_idx: torch.Tensor, num_experts: int, alignment: int) -> ExpertLayout:
-        num_topk = topk_idx.shape[1]
-        flat = topk_idx.reshape(-1)
-        pair_slot = torch.sort(flat, stable=True).indices
-        counts = torch.bincount(flat, minlength=num_experts).tolist()
-        ends, pair_ranges, rows, row, first = [], [], [], 0, 0
-        for count in counts:
-            rows.append(torch.arange(row, row + count))
-            pair_ranges.append((first, first + count))
-            ends.append(row + count)
-            row = -(-(row + count) // alignment) * alignment
-            first += count
-        return ExpertLayout(torch.tensor(ends, dtype=torch.int32), row, pair_slot, torch.cat(rows),
-                            tuple(pair_ranges), num_topk)
+    def build(topk_idx: torch.Tensor, num_experts: int, alignment: int, target: str,
+              flavor: str | None = None) -> ExpertLayout:
+        """The layout of ``topk_idx`` from vmi-moe's ``get_fused_mapping`` and ``group_count`` on ``target``."""
+        pos_to_expert, _, _, token_topk_to_pos, start, _, _, _ = vmi_moe.get_fused_mapping(
+            topk_idx, num_experts, 0, alignment, target=target, flavor=flavor)
+        psum = start + vmi_moe.group_count(topk_idx, num_experts, target=target, flavor=flavor)
+        return ExpertLayout(token_topk_to_pos, pos_to_expert, psum,
+                            tuple(zip(start.tolist(), psum.tolist(), strict=True)))
 
-    def to_rows(self, pairs: torch.Tensor) -> torch.Tensor:
-        """The psum layout's rows from per-pair rows (expert order); padding rows are zero."""
-        return pairs.new_zeros(self.num_rows, *pairs.shape[1:]).index_copy(0, self.pair_row, pairs)
+    @property
+    def num_rows(self) -> int:
+        return self.pos_to_expert.shape[0]
 
     def valid_rows(self) -> torch.Tensor:
-        return torch.zeros(self.num_rows, dtype=torch.bool).index_fill(0, self.pair_row, True)
+        return self.pos_to_expert >= 0
+
+    def slots(self) -> ExpertLayout:
+        """The layout with one pair per row of ``token_topk_to_pos`` (``(T * K, 1)``): for per-slot values."""
+        return ExpertLayout(self.token_topk_to_pos.reshape(-1, 1), self.pos_to_expert, self.psum, self.pair_rows)
 
 
 # --- stand-ins and helpers written once, in torch, for every implementation ---
@@ -200,26 +195,14 @@ class StraightThrough(torch.autograd.Function):
         return grad.to(ctx.dtype), None
 
 
-def expert_gemm(pairs: torch.Tensor, weight: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
-    """``pairs[start:end] · weight[e]^T`` per expert in ``weight``'s dtype: the attention/expert GEMM
-    stand-in (torch), over the routed pairs in expert order."""
-    parts = [pairs[start:end].to(weight.dtype) @ weight[e].t() for e, (start, end) in enumerate(layout.pair_ranges)]
-    return torch.cat(parts)
-
-
-def combine(pairs: torch.Tensor, layout: ExpertLayout, num_tokens: int) -> torch.Tensor:
-    """Per token, the sum of its slots' expert outputs (``pairs`` in expert order), slot 0 first."""
-    by_slot = pairs.new_zeros(num_tokens * layout.num_topk, pairs.shape[1]).index_copy(0, layout.pair_slot, pairs)
-    return sum_slots(by_slot, layout.num_topk)
-
-
-def sum_slots(by_slot: torch.Tensor, num_topk: int) -> torch.Tensor:
-    """``(T * K, H)`` rows in (token, slot) order summed per token, slot 0 first."""
-    by_slot = by_slot.view(-1, num_topk, by_slot.shape[-1])
-    total = by_slot[:, 0]
-    for k in range(1, num_topk):
-        total = total + by_slot[:, k]
-    return total
+def expert_gemm(rows: torch.Tensor, weight: torch.Tensor, layout: ExpertLayout) -> torch.Tensor:
+    """``rows[start:end] · weight[e]^T`` over each expert's pairs in ``weight``'s dtype, padding rows 0:
+    the expert GEMM stand-in (torch), reading the fused layout's rows."""
+    parts, done = [], 0
+    for e, (start, end) in enumerate(layout.pair_rows):
+        parts += [weight.new_zeros(start - done, weight.shape[1]), rows[start:end].to(weight.dtype) @ weight[e].t()]
+        done = end
+    return torch.cat([*parts, weight.new_zeros(layout.num_rows - done, weight.shape[1])])
 
 
 class StageTimer:
@@ -314,6 +297,37 @@ class ExpertSwiGLU(torch.autograd.Function):
         return h_grad, weight_grad, None, None, None, None
 
 
+class DispatchRows(torch.autograd.Function):
+    """``expand_to_fused`` forward (each pair's token row copied to the pair's row, padding rows 0);
+    backward: each token's gradient the sum of its rows' (``reduce_fused``, no weights)."""
+
+    @staticmethod
+    def forward(ctx, x, layout, target, flavor):
+        ctx.layout, ctx.where = layout, {"target": target, "flavor": flavor}
+        return vmi_moe.expand_to_fused(x.contiguous(), layout.token_topk_to_pos, layout.pos_to_expert,
+                                       target=target, flavor=flavor)
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        return vmi_moe.reduce_fused(grad_rows.contiguous(), None, ctx.layout.token_topk_to_pos, **ctx.where), \
+            None, None, None
+
+
+class CombineRows(torch.autograd.Function):
+    """``reduce_fused`` forward (each token the sum of its pairs' rows, slot 0 first); backward: each
+    row's gradient its token's (``expand_to_fused``)."""
+
+    @staticmethod
+    def forward(ctx, rows, layout, target, flavor):
+        ctx.layout, ctx.where = layout, {"target": target, "flavor": flavor}
+        return vmi_moe.reduce_fused(rows.contiguous(), None, layout.token_topk_to_pos, target=target, flavor=flavor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return vmi_moe.expand_to_fused(grad.contiguous(), ctx.layout.token_topk_to_pos, ctx.layout.pos_to_expert,
+                                       **ctx.where), None, None, None
+
+
 class Kernels:
     """The stages as the packages' public functions on ``target``: a kernel target (``"cpu"``), or
     ``"torch"`` for their references."""
@@ -348,6 +362,15 @@ class Kernels:
     def gate(self, logits, p: BlockParams, c: BlockConfig):
         return vmi_moe.moe_topk_gate_autograd(logits, c.num_topk, False, 0, c.routed_scaling_factor, 0,
                                               bias=p.gate_bias, **self._where())
+
+    def layout(self, topk_idx, c: BlockConfig) -> ExpertLayout:
+        return ExpertLayout.build(topk_idx, c.num_experts, token_alignment(), **self._where())
+
+    def dispatch(self, x, layout: ExpertLayout):
+        return DispatchRows.apply(x, layout, self.target, self.flavor)
+
+    def combine(self, rows, layout: ExpertLayout):
+        return CombineRows.apply(rows, layout, self.target, self.flavor)
 
     def swiglu(self, h, row_weights, layout: ExpertLayout):
         return ExpertSwiGLU.apply(h, row_weights, layout.psum, layout.valid_rows(), self.target, self.flavor)
@@ -412,6 +435,21 @@ class Float64:
         chosen = torch.sqrt(torch.nn.functional.softplus(logits)).gather(1, self.routing)
         return self.routing, chosen / (chosen.sum(dim=1, keepdim=True) + 1e-20) * c.routed_scaling_factor
 
+    @staticmethod
+    def layout(topk_idx, c: BlockConfig) -> ExpertLayout:
+        return ExpertLayout.build(topk_idx, c.num_experts, token_alignment(), "torch")
+
+    @staticmethod
+    def dispatch(x, layout: ExpertLayout):
+        pos = layout.token_topk_to_pos.reshape(-1).long()
+        pairs = x.repeat_interleave(layout.token_topk_to_pos.shape[1], dim=0)[pos >= 0]
+        return x.new_zeros(layout.num_rows, x.shape[1]).index_copy(0, pos[pos >= 0], pairs)
+
+    @staticmethod
+    def combine(rows, layout: ExpertLayout):
+        pos = layout.token_topk_to_pos.long()
+        return torch.where((pos >= 0)[..., None], rows[pos.clamp(min=0)], 0.0).sum(dim=1)
+
     def swiglu(self, h, row_weights, layout: ExpertLayout):
         gate, up = h.chunk(2, dim=-1)
         act = torch.nn.functional.silu(gate) * up * row_weights[:, None]
@@ -441,19 +479,16 @@ def run_block(ops, p: BlockParams, c: BlockConfig, timer: StageTimer | None = No
     normed, quantized = t.run("RMSNorm + E4M3 cast", ops.norm_cast, layer_input, p, c)
     logits = t.run("gate GEMM (torch)", lambda u: u.to(p.gate_weight.dtype) @ p.gate_weight.t(), normed)
     topk_idx, topk_weights = t.run("moe_topk_gate", ops.gate, logits, p, c)
-    layout = t.run("routing layout (torch)", lambda idx: ExpertLayout.build(idx, c.num_experts, token_alignment()),
-                   topk_idx.detach())
+    layout = t.run("routing layout", ops.layout, topk_idx.detach(), c)
 
-    def up_gemm(normed, quantized):
-        x_in = StraightThrough.apply(normed, ops.dequantize(quantized))
-        return layout.to_rows(expert_gemm(x_in[layout.pair_token], p.w_up, layout).to(act_dtype))
-
-    h = t.run("expert up GEMM (torch)", up_gemm, normed, quantized)
-    row_weights = t.run("routing layout (torch)", lambda w: layout.to_rows(w.reshape(-1)[layout.pair_slot]),
+    rows = t.run("dispatch", lambda u, q: ops.dispatch(StraightThrough.apply(u, ops.dequantize(q)), layout),
+                 normed, quantized)
+    h = t.run("expert up GEMM (torch)", lambda r: expert_gemm(r, p.w_up, layout).to(act_dtype), rows)
+    row_weights = t.run("dispatch", lambda w: ops.dispatch(w.reshape(-1, 1), layout.slots()).reshape(-1),
                         topk_weights)
     act = t.run("SwiGLU + E4M3 cast", ops.swiglu, h, row_weights, layout)
-    pairs = t.run("expert down GEMM (torch)", lambda a: expert_gemm(a[layout.pair_row], p.w_down, layout), act)
-    layer_output = t.run("combine (torch)", lambda y: combine(y, layout, c.num_tokens).to(act_dtype), pairs)
+    out_rows = t.run("expert down GEMM (torch)", lambda a: expert_gemm(a, p.w_down, layout), act)
+    layer_output = t.run("combine", lambda y: ops.combine(y, layout).to(act_dtype), out_rows)
     new_residual = t.run("mhc_post", ops.post, layer_output, residual, post_mix, comb_mix)
     head = t.run("mhc_head", ops.head, new_residual, p, c)
     loss = t.run("loss (torch)", lambda y: (y.to(p.probe.dtype) * p.probe).sum(), head)

@@ -42,7 +42,6 @@ from .block import (
     expert_gemm,
     make_params,
     run_block,
-    sum_slots,
     token_alignment,
 )
 
@@ -92,17 +91,18 @@ def expert_parallel_forward(rank: int, p: BlockParams, c: BlockConfig, target: s
     got_expert = _exchange(physical.reshape(-1)[send_order], send, recv) - rank * experts_per_rank
     got_weight = _exchange(weights.reshape(-1)[send_order], send, recv)
 
-    # Local experts: the received rows (rank 0's, then rank 1's) in the psum layout.
-    layout = ExpertLayout.build(got_expert.view(-1, 1), experts_per_rank, token_alignment())
+    # Local experts: the received pairs (rank 0's, then rank 1's) in the fused layout, one pair per row.
+    layout = ExpertLayout.build(got_expert.view(-1, 1), experts_per_rank, token_alignment(), target, flavor)
     local_logical = c.num_experts - 1 - (rank * experts_per_rank + torch.arange(experts_per_rank))
-    x_in = dequantize(got_data, got_sf)[layout.pair_slot]
-    h = layout.to_rows(expert_gemm(x_in, p.w_up[local_logical], layout).to(torch.bfloat16))
-    act = ops.swiglu(h, layout.to_rows(got_weight[layout.pair_slot]), layout)
-    out_rows = expert_gemm(act[layout.pair_row], p.w_down[local_logical], layout)
-    returned = _exchange(torch.empty_like(out_rows).index_copy(0, layout.pair_slot, out_rows), recv, send)
+    h = expert_gemm(ops.dispatch(dequantize(got_data, got_sf), layout), p.w_up[local_logical], layout)
+    act = ops.swiglu(h.to(torch.bfloat16), ops.dispatch(got_weight.view(-1, 1), layout).view(-1), layout)
+    out_rows = expert_gemm(act, p.w_down[local_logical], layout)
+    returned = _exchange(ops.combine(out_rows, layout), recv, send)
 
+    # The home rank's combine: its pairs' rows in (token, slot) order, summed per token as in one process.
     by_slot = torch.empty_like(returned).index_copy(0, send_order, returned)
-    layer_output = sum_slots(by_slot, c.num_topk).to(torch.bfloat16)
+    slot_rows = torch.arange(by_slot.shape[0], dtype=torch.int32).view(-1, c.num_topk)
+    layer_output = vmi_moe.reduce_fused(by_slot, None, slot_rows, target=target, flavor=flavor).to(torch.bfloat16)
     return ops.head(ops.post(layer_output, residual, post_mix, comb_mix), p, c)
 
 
