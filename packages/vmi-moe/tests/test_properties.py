@@ -19,6 +19,9 @@ Criteria are the existing tests' (nothing looser):
   position must raise;
 * ``expand_to_fused``, ``expand_to_fused_with_sf``: bit for bit against the reference over any bit
   patterns, every data and SF format and layout; corrupted mappings must raise;
+* ``top2_sum_gate``: indices, weights and ``unmapped_topk_idx`` bit for bit against the reference over
+  the scoring functions, groups, shared experts, masks, fixed routing, replica maps and EP/TP ranks;
+  non-finite logits must raise and leave ``unmapped_topk_idx`` unchanged;
 * ``mask_indices_by_tp``, ``inplace_unique_group_indices``: bit for bit against the references over
   the whole 32-bit id and rank ranges; ids out of range must raise (the in-place op's input then
   unchanged).
@@ -56,6 +59,7 @@ from vmi_devkit.cases.moe_cases import with_ties as tie_rows
 from vmi_devkit.strategies import (
     assert_every_option_value_drawn,
     drawn_values,
+    few_settings,
     load_profile,
     seeds,
     slow_settings,
@@ -70,10 +74,12 @@ from vmi_moe import (
     mask_indices_by_tp,
     normalize_weight,
     reduce_fused,
+    top2_sum_gate,
     topk_gate,
     topk_sum_and_topk_group_idx,
 )
 from vmi_moe.ops.reduce_fused import placement
+from vmi_moe.ops.top2_sum_gate import demo_map
 from vmi_moe.reference import aux_fi as reference_aux_fi
 from vmi_moe.reference import expand_to_fused as reference_expand
 from vmi_moe.reference import get_fused_mapping as reference_mapping
@@ -82,6 +88,7 @@ from vmi_moe.reference import mask_indices_by_tp as reference_mask
 from vmi_moe.reference import normalize_weight as reference_normalize
 from vmi_moe.reference import reduce_fused as reference_reduce_fused
 from vmi_moe.reference import stable_topk
+from vmi_moe.reference import top2_sum_gate as reference_top2
 from vmi_moe.reference import topk_sum_and_topk_group_idx as reference_groups
 from vmi_moe.reference import unique_group_indices as reference_unique
 
@@ -652,6 +659,78 @@ def test_expand_to_fused_with_sf_slow(data):
     check_expand_to_fused_with_sf(data, EXPAND_TOPK_ALL, EXPAND_SF_ALL, any_width=True)
 
 
+# --- top2_sum_gate -------------------------------------------------------------------------------------------------
+
+# (scoring, E, K, G, KG, S, mask, fixed, mapping, num_tp_ranks, flavor): the default run's two kernels; the slow run
+# every documented option value (groups off as 0/0 and as G = KG, on; shared experts always with a map).
+TOP2_DEFAULT = [("sigmoid", 256, 8, 8, 4, 2, True, True, True, 2, "ascend"),
+                ("softmax", 72, 6, 0, 0, 0, False, False, False, 1, "cuda")]
+TOP2_ALL = TOP2_DEFAULT + [
+    ("sqrtsoftplus", 72, 6, 4, 2, 1, True, False, True, 4, "cuda"),
+    ("sqrtsoftplus", 64, 32, 16, 8, 0, False, True, False, 1, "ascend"),
+    ("softmax", 64, 16, 8, 4, 2, True, True, True, 2, "ascend"),
+    ("sigmoid", 32, 1, 16, 1, 1, False, False, True, 1, "cuda"),
+    ("sigmoid", 48, 2, 8, 8, 2, True, False, True, 4, "ascend"),
+    ("sqrtsoftplus", 40, 4, 0, 0, 0, True, True, False, 2, "ascend"),
+]
+
+
+def check_top2(data, cases):
+    scoring, E, K, G, KG, S, mask, fixed, mapping, ntp, flavor = data.draw(st.sampled_from(cases), label="case")
+    T = data.draw(token_counts(), label="tokens")
+    g = torch.Generator().manual_seed(data.draw(seeds(), label="seed"))
+    logits = torch.randn(T, E, generator=g) * data.draw(st.sampled_from([1.0, 1e-3, 30.0]), label="scale")
+    if data.draw(st.booleans(), label="ties"):
+        logits = logits.round()
+    nonfinite = data.draw(st.integers(0, 7), label="non-finite") == 0
+    logits = sprinkle(data, logits, FINITE_SPECIALS + (NONFINITE if nonfinite else [])).contiguous()
+    bias = torch.randn(E, generator=g)
+    if data.draw(st.booleans(), label="integer bias"):
+        bias = bias.round()
+    args = {"mask": torch.rand(T, generator=g) > 0.2 if mask else None}
+    if fixed:
+        args["fix_routing_mask"] = torch.rand(T, generator=g) < 0.5
+        args["unmapped_topk_idx"] = torch.randint(0, E, (T, K), generator=g)
+    else:
+        args["unmapped_topk_idx"] = torch.full((T, K), -3, dtype=torch.int64)
+    dup = 1
+    if mapping:
+        dup = data.draw(st.integers(S + 1, 4), label="Dup")
+        args["to_physical_map"], args["logical_count"] = demo_map(E + S, dup, E + dup - 1, int(g.initial_seed()) + 1)
+    nep = data.draw(st.integers(1, E + dup - 1), label="num_ep_ranks")
+    ranks = (data.draw(st.integers(0, nep - 1), label="ep_rank"), nep, data.draw(st.integers(0, ntp - 1)), ntp)
+    head = (logits, bias, K, KG, G, S > 0, S, 1.5, *ranks, scoring)
+    expected_unmapped = args["unmapped_topk_idx"].clone()
+    try:
+        ref = reference_top2(*head, **{**args, "unmapped_topk_idx": expected_unmapped}, flavor=flavor)
+    except ValueError:
+        ref = None
+    unmapped = args["unmapped_topk_idx"].clone()
+    what = f"{scoring} E={E} K={K} G={G}/{KG} S={S} T={T} ranks={ranks} flavor={flavor}"
+    if ref is None:
+        with pytest.raises(ValueError):
+            top2_sum_gate(*head, **{**args, "unmapped_topk_idx": unmapped}, target="cpu", flavor=flavor)
+        assert_bitwise_equal(unmapped, args["unmapped_topk_idx"], f"{what}: unmapped_topk_idx after the error")
+        return
+    idx, weights = top2_sum_gate(*head, **{**args, "unmapped_topk_idx": unmapped}, target="cpu", flavor=flavor)
+    assert_bitwise_equal(idx, ref[0], f"{what} topk_idx")
+    assert_bitwise_equal(weights, ref[1], f"{what} topk_weights")
+    assert_bitwise_equal(unmapped, ref[2], f"{what} unmapped_topk_idx")
+
+
+@few_settings()
+@given(st.data())
+def test_top2_sum_gate(data):
+    check_top2(data, TOP2_DEFAULT)
+
+
+@pytest.mark.slow
+@slow_settings()
+@given(st.data())
+def test_top2_sum_gate_slow(data):
+    check_top2(data, TOP2_ALL)
+
+
 # --- what the slow twins draw ---------------------------------------------------------------------------------------
 
 # Per op, the values of each option ``vmi run OP -o name=value`` documents that the slow twins draw
@@ -674,6 +753,10 @@ DRAWN = {
         **drawn_values(EXPAND_SF_ALL, num_per_channels=lambda c: c[0], sf=lambda c: c[1].partition("_int16")[0],
                        use_tma_aligned_col_major_sf=lambda c: c[3]),
     },
+    "top2_sum_gate": drawn_values(TOP2_ALL, scoring_func=lambda c: c[0], num_topk=lambda c: c[2],
+                                  num_groups=lambda c: c[3], num_topk_groups=lambda c: c[4],
+                                  num_shared_experts=lambda c: c[5], mask=lambda c: c[6], fixed=lambda c: c[7],
+                                  mapping=lambda c: c[8], num_tp_ranks=lambda c: c[9]),
     "group_count": {"num_topk": {k for _, k in COUNTS_ALL}},
     "aux_fi": {"num_topk": {k for _, k in COUNTS_ALL}},
     "topk_sum_and_topk_group_idx": drawn_values(GROUPS_ALL, num_groups=lambda c: c[0], num_topk_sum=lambda c: c[2],

@@ -11,6 +11,8 @@ and checked against a PyTorch reference (``vmi_moe.reference``):
 * ``moe_topk_gate_autograd`` — the gate with autograd (a registered backward);
 * ``get_fused_mapping`` — the expert-major layout of the routed slots, ranges aligned per expert;
 * ``topk_sum_and_topk_group_idx`` — group-limited routing's group ranking (top-1 or top-2 sums);
+* ``top2_sum_gate`` — TileKernels v1's group-limited gate (sigmoid, sqrt-softplus or softmax scores,
+  top-2-sum group ranking, shared experts, replicas, EP/TP masking);
 * ``group_count``, ``aux_fi`` — entries per id, and the load-balancing frequency ``count·E / (T·k)``;
 * ``expand_to_fused``, ``expand_to_fused_with_sf`` — token rows (and per-token SF) copied to their slots'
   rows of the fused layout, padding rows zero;
@@ -42,6 +44,7 @@ from vmi_moe.ops.moe_topk_gate import moe_topk_gate, moe_topk_gate_forward, moe_
 from vmi_moe.ops.moe_topk_gate_backward import moe_topk_gate_backward, moe_topk_gate_backward_parallel
 from vmi_moe.ops.normalize_weight import normalize_weight, normalize_weight_parallel
 from vmi_moe.ops.reduce_fused import reduce_fused, reduce_fused_parallel
+from vmi_moe.ops.top2_sum_gate import top2_sum_gate, top2_sum_gate_parallel
 from vmi_moe.ops.topk_gate import topk_gate, topk_gate_parallel
 from vmi_moe.ops.topk_sum_and_topk_group_idx import (
     topk_sum_and_topk_group_idx,
@@ -75,6 +78,8 @@ __all__ = [
     "normalize_weight_parallel",
     "reduce_fused",
     "reduce_fused_parallel",
+    "top2_sum_gate",
+    "top2_sum_gate_parallel",
     "topk_gate",
     "topk_gate_parallel",
     "topk_sum_and_topk_group_idx",

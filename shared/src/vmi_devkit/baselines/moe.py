@@ -261,6 +261,71 @@ def expand_to_fused_with_sf_baseline(op, options):
                     chunks=False)
 
 
+# top2_sum_gate's command: EP rank 7 of 8, the replica stride of TileKernels' kernels.
+REPLICA_STRIDE = 23333
+EP_RANK, NUM_EP_RANKS = 7, 8
+
+
+def top2_sum_gate_baseline(op, options):
+    k, shared, scoring = options["num_topk"], options["num_shared_experts"], options["scoring_func"]
+    groups, kept = options["num_groups"], options["num_topk_groups"]
+    num_tp_ranks = options["num_tp_ranks"]
+    tp_rank = num_tp_ranks - 1
+
+    def one(start, logits, bias, mask, fixed, given, table, count):
+        n, e = logits.shape
+        if scoring == "sigmoid":
+            scores = torch.sigmoid(logits)
+        elif scoring == "sqrtsoftplus":
+            scores = F.softplus(logits).sqrt()
+        else:
+            scores = torch.softmax(logits, dim=1)
+        keys = (logits if scoring == "softmax" else scores) + bias
+        if groups != kept:
+            group_scores = keys.view(n, groups, -1).topk(2, dim=-1).values.sum(-1)
+            dropped = torch.ones(n, groups, dtype=torch.bool).scatter_(1, group_scores.topk(kept, dim=1).indices, False)
+            keys = keys.masked_fill(dropped.repeat_interleave(e // groups, dim=1), float("-inf"))
+        idx = torch.topk(keys, k, dim=1).indices
+        if fixed is not None:
+            idx = torch.where(fixed[:, None], given, idx)
+        w = scores.gather(1, idx)
+        weights = w / (w.sum(-1, keepdim=True) + EPSILON) * SCALE
+        logical = torch.cat([idx, torch.arange(e, e + shared).expand(n, shared)], dim=1)
+        weights = torch.cat([weights, weights.new_ones(n, shared)], dim=1)
+        dup = 1
+        physical = logical
+        if table is not None:
+            dup = table.shape[1]
+            tokens = torch.arange(start, start + n)[:, None]
+            replica = (EP_RANK + tokens * REPLICA_STRIDE) % count[logical].long()
+            physical = table.long()[logical, replica]
+        per_rank = (e + dup - 1) // NUM_EP_RANKS
+        block = physical // per_rank
+        local = torch.where(block % num_tp_ranks == tp_rank,
+                            (block // num_tp_ranks) * per_rank + (physical - block * per_rank), -1)
+        if mask is not None:
+            keep = mask[:, None]
+            local = torch.where(keep, local, -1)
+            weights = torch.where(keep, weights, 0.0)
+            idx = torch.where(keep, idx, -1)
+        return local, weights, idx
+
+    def run(inputs, flavor, rows):
+        logits, bias, mask = inputs["logits"], inputs["bias"], inputs.get("mask")
+        fixed, given = inputs.get("fix_routing_mask"), inputs["unmapped_topk_idx"]
+        table, count = inputs.get("to_physical_map"), inputs.get("logical_count")
+
+        def rows_of(t, a, b):
+            return None if t is None else t[a:b]
+
+        return in_row_chunks(lambda a, b: one(a, logits[a:b], bias, rows_of(mask, a, b), rows_of(fixed, a, b),
+                                              given[a:b], table, count), logits.shape[0], rows)
+    return Baseline(run, "torch ops: sigmoid / F.softplus().sqrt() / softmax, + bias, group top-2 sums by "
+                         "topk(2).sum and topk, masked_fill, torch.topk(keys), gather, w / w.sum(), shared "
+                         "experts by torch.cat, replicas by indexing, EP/TP masking by // and %, torch.where",
+                    same_bits=False)
+
+
 BASELINES = {
     "topk_gate": topk_gate_baseline,
     "normalize_weight": normalize_weight_baseline,
@@ -268,6 +333,7 @@ BASELINES = {
     "moe_topk_gate_backward": moe_topk_gate_backward_baseline,
     "get_fused_mapping": get_fused_mapping_baseline,
     "topk_sum_and_topk_group_idx": topk_sum_and_topk_group_idx_baseline,
+    "top2_sum_gate": top2_sum_gate_baseline,
     "group_count": group_count_baseline,
     "aux_fi": aux_fi_baseline,
     "expand_to_fused": expand_to_fused_baseline,

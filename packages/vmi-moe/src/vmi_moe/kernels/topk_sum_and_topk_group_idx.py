@@ -56,6 +56,49 @@ class TopkGroupSpec:
         return tile_rows(row_bytes(G * self.experts_per_group, G, G, 2 * self.num_topk_groups))
 
 
+def score_groups(key, group_score, bad, at, num_groups: int, group_size: int, num_topk_sum: int):
+    """``group_score[row, g]`` = the largest of ``key[row, g*P : (g+1)*P]`` (``num_topk_sum = 1``) or
+    the sum of its two largest (``2``), for the row at ``at`` (lane-generic: ``Shell.rowwise`` or a
+    scalar ``RowAt``); ``bad[row]`` = 1 where a key or a group score is NaN, else 0.
+
+    One pass per group keeps the two largest: a key replaces the first only if strictly larger, so
+    equal maxima are both kept (``[5, 5, 1]`` sums to 10). Shared by ``top2_sum_gate``'s kernel.
+    """
+    G, P = num_groups, group_size
+    nan = LaneVar(at.vector, "int32", 0)
+    first = LaneVar(at.vector, "float32", neg_inf())
+    second = LaneVar(at.vector, "float32", neg_inf())
+    with T.serial(G) as g:
+        first.set(neg_inf())
+        second.set(neg_inf())
+        with T.serial(P) as j:
+            s = keep(at.load(key, g * P + j))
+            nan.set(nan.get() | cast(F.flag(is_nan(s)), "int32"))
+            above_first = keep(s > first.get())
+            second.set(select(above_first, first.get(), select(s > second.get(), s, second.get())))
+            first.set(select(above_first, s, first.get()))
+        score = keep(first.get() if num_topk_sum == 1 else first.get() + second.get())
+        nan.set(nan.get() | cast(F.flag(is_nan(score)), "int32"))
+        at.store(group_score, g, score)
+    at.store_row_value(bad, nan.get())
+
+
+def rank_groups(group_score, rank, at, num_groups: int):
+    """``rank[row, g]`` = the number of groups ahead of group ``g`` of the row at ``at``: a larger score,
+    or an equal one at a lower index (lane-generic). Shared by ``top2_sum_gate``'s kernel."""
+    G = num_groups
+    count = LaneVar(at.vector, "int32", 0)
+    with T.serial(G) as g:
+        mine = keep(at.load(group_score, g))
+        count.set(0)
+        with T.serial(G) as i:
+            other = keep(at.load(group_score, i))
+            # Ahead: a larger score, or an equal one at a lower index (a condition on the loop only).
+            equal_ahead = cast(F.flag(other == mine), "int32") * T.Cast("int32", i < g)
+            count.set(count.get() + cast(F.flag(other > mine), "int32") + equal_ahead)
+        at.store(rank, g, count.get())
+
+
 @kernel(simd_parallel=False)
 def build_topk_sum_and_topk_group_idx(spec: TopkGroupSpec, target: str):
     """The TileLang prim_func of ``spec`` for ``target``."""
@@ -67,36 +110,6 @@ def build_topk_sum_and_topk_group_idx(spec: TopkGroupSpec, target: str):
     M = TK.dynamic("M")
 
     # Three passes over the rows: each reads what the one before stored (a barrier between them).
-    def score_groups(key, group_score, bad, at):
-        nan = LaneVar(at.vector, "int32", 0)
-        first = LaneVar(at.vector, "float32", neg_inf())
-        second = LaneVar(at.vector, "float32", neg_inf())
-        with T.serial(G) as g:
-            first.set(neg_inf())
-            second.set(neg_inf())
-            with T.serial(P) as j:
-                s = keep(at.load(key, g * P + j))
-                nan.set(nan.get() | cast(F.flag(is_nan(s)), "int32"))
-                above_first = keep(s > first.get())
-                second.set(select(above_first, first.get(), select(s > second.get(), s, second.get())))
-                first.set(select(above_first, s, first.get()))
-            score = keep(first.get() if spec.num_topk_sum == 1 else first.get() + second.get())
-            nan.set(nan.get() | cast(F.flag(is_nan(score)), "int32"))
-            at.store(group_score, g, score)
-        at.store_row_value(bad, nan.get())
-
-    def rank_groups(group_score, rank, at):
-        count = LaneVar(at.vector, "int32", 0)
-        with T.serial(G) as g:
-            mine = keep(at.load(group_score, g))
-            count.set(0)
-            with T.serial(G) as i:
-                other = keep(at.load(group_score, i))
-                # Ahead: a larger score, or an equal one at a lower index (a condition on the loop only).
-                equal_ahead = cast(F.flag(other == mine), "int32") * T.Cast("int32", i < g)
-                count.set(count.get() + cast(F.flag(other > mine), "int32") + equal_ahead)
-            at.store(rank, g, count.get())
-
     def pick_groups(rank, idx, at):
         pick = LaneVar(at.vector, "int32", 0)
         with T.serial(KG) as r:
@@ -108,8 +121,8 @@ def build_topk_sum_and_topk_group_idx(spec: TopkGroupSpec, target: str):
 
     @T.macro
     def rank_rows(key, group_score, rank, idx, bad, valid):
-        sh.rowwise(BM, lambda at: score_groups(key, group_score, bad, at), valid)
-        sh.rowwise(BM, lambda at: rank_groups(group_score, rank, at), valid)
+        sh.rowwise(BM, lambda at: score_groups(key, group_score, bad, at, G, P, spec.num_topk_sum), valid)
+        sh.rowwise(BM, lambda at: rank_groups(group_score, rank, at, G), valid)
         sh.rowwise(BM, lambda at: pick_groups(rank, idx, at), valid)
 
     @TK.prim_func
