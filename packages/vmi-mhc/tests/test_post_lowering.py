@@ -7,7 +7,7 @@ persistent tokens, a serial hidden-tile loop with DMA of ``x``, the residual and
 ``d_x``, ``d_residual`` out per tile, and of ``post``, ``comb`` in and ``d_post``, ``d_comb`` out per
 token; three SIMD regions (zeroing of the partial sums, the tile pass, the folds), no SIMT region,
 no barrier inside a thread-guarded branch; the largest tiles fit the unified buffer. CUDA: both
-sources compile with nvcc for an explicit arch (the forward under ``slow``), with no barrier in a
+sources compile with nvcc for an explicit arch (under ``slow``), with no barrier in a
 thread-guarded branch.
 """
 
@@ -76,6 +76,7 @@ def _check_cuda(name, src):
     check_cuda_source(src)
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_backward_compiles():
     _check_cuda("post_bwd_kernel", build_post_bwd.source(PostBackwardSpec(4, HIDDEN), "cuda"))

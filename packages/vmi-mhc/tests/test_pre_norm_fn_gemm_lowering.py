@@ -77,6 +77,7 @@ def test_ascend_operand_kernel():
     assert dma_counts(src) == (1, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_forward_compiles():
     src = build_gemm_fwd.source(FWD, "cuda")

@@ -10,7 +10,7 @@ the softmax output), with a vector memory barrier between the replay and the rev
 and out; persistent scheduling over the vector cores (``block_idx``); the normalisations run in a
 loop over the runtime ``2 * repeat - 1`` steps, not unrolled. CUDA (cuda flavor): the source
 compiles with nvcc for an explicit arch, where nvcc is installed. The default run checks the
-backward's Ascend source and compiles the forward's CUDA source; the slow run the others.
+backward's Ascend source; the slow run the others and both CUDA sources.
 """
 
 import pytest
@@ -58,7 +58,8 @@ def test_ascend_lowering(direction: str) -> None:
         assert "mem_bar(VV_ALL)" in src[last_store:first_load]
 
 
-# The forward by default; the backward (twice the source, half a minute of nvcc) in the slow run.
+# In the slow run: nvcc takes ten seconds for the forward, half a minute for the backward (twice the source).
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("direction", ["forward", pytest.param("backward", marks=pytest.mark.slow)])
 def test_cuda_lowering_compiles(direction: str) -> None:

@@ -370,6 +370,7 @@ def test_ascend_lowering() -> None:
     assert "block_idx" in src
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_lowering_compiles() -> None:
     src = build_expand_to_fused.source(ExpandSpec(K, 4), "cuda")

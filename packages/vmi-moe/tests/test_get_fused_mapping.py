@@ -198,6 +198,7 @@ def test_lowering():
                                         (0, 0) if build is build_fused_mapping_layout else (1, 1)), name
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_lowering_compiles():
     spec = FusedMappingSpec(256, 8)

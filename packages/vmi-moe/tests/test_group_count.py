@@ -320,6 +320,7 @@ def test_lowering():
             assert "(int64_t)" in src and "fmaf(" in src
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_lowering_compiles():
     # The frequencies' kernel: the counts' body (the same column sums) plus the quotients.

@@ -365,6 +365,7 @@ def test_lowering():
     assert dma_counts(src) >= (1, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_lowering_compiles():
     check_cuda_source(build_mask_indices_by_tp.source(MaskIndicesSpec(8, True), "cuda"))

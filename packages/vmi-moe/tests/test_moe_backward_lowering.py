@@ -91,6 +91,7 @@ def test_cpu_source_calls_no_library_exp():
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("spec", [GateBackwardSpec(72, 6, "cuda", True), GateBackwardSpec(384, 8, "cuda", False)],
                          ids=spec_id)
+@pytest.mark.slow
 def test_cuda_lowering_compiles(spec: GateBackwardSpec):
     check_gate_backward_cuda(spec)
 

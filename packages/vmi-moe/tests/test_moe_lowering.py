@@ -94,7 +94,7 @@ def test_normalize_weight_ascend_lowering(spec: NormalizeWeightSpec) -> None:
     check_ascend(build_normalize_weight.source(spec, "ascend"), "normalize_weight_kernel", (1, 2), regions=(1, 0))
 
 
-# One nvcc compile by default (the gate with every input); the other kernels' in the slow run.
+# nvcc compiles in the slow run (the default run's budget; the gate with every input among them).
 CUDA_CASES = [
     pytest.param("topk_gate-E72-K6", lambda: build_topk_gate.source(TopkGateSpec(72, 6), "cuda"), "topk_gate_kernel",
                  id="topk_gate-E72-K6", marks=pytest.mark.slow),
@@ -106,6 +106,7 @@ CUDA_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize(("name", "source", "kernel"), CUDA_CASES)
 def test_cuda_lowering_compiles(name, source, kernel) -> None:

@@ -81,6 +81,7 @@ def _check_cuda(name):
     assert_cuda_compiles(src, "norm_forward_kernel")
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 def test_cuda_lowering_compiles():
     _check_cuda("norm-bf16-weight-residual")

@@ -67,6 +67,7 @@ def _check_cuda(spec):
 CUDA_CASES = [(case_id(c), _spec(*c)) for c in CUDA_LOWERING] + [MODE_CASES[0]]
 
 
+@pytest.mark.slow
 @pytest.mark.cuda_compile
 @pytest.mark.parametrize("name,spec", CUDA_CASES, ids=[n for n, _ in CUDA_CASES])
 def test_cuda_lowering_compiles(name, spec):
