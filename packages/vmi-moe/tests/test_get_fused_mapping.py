@@ -16,7 +16,8 @@ import torch
 
 from vmi_core.cpu_parallel import THREADS_ENV
 from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
-from vmi_core.tools.testing import assert_bitwise_equal, generator
+from vmi_core.tools.testing import assert_bitwise_equal
+from vmi_devkit.cases.moe_cases import id_routing
 from vmi_devkit.cuda import check_cuda_source
 from vmi_moe import get_fused_mapping, get_fused_mapping_parallel
 from vmi_moe.kernels.get_fused_mapping import (
@@ -32,21 +33,6 @@ from vmi_moe.reference import get_fused_mapping as reference_mapping
 # (E, K): the V4 gate's 256 x 8, and 72 x 6 (E not a multiple of 8).
 SIZES = [(256, 8), (72, 6)]
 BLOCK_M = FusedMappingSpec(256, 8).block_m
-
-
-def routing(num_tokens: int, num_experts: int, num_topk: int, seed: int, kind: str = "random") -> torch.Tensor:
-    """int64 ``[T, K]`` expert ids of one kind of routing."""
-    g = generator(seed)
-    if kind == "random":  # distinct experts per token, ~5% of the slots unused
-        idx = torch.rand(num_tokens, num_experts, generator=g).argsort(dim=1)[:, :num_topk]
-        idx[torch.rand(idx.shape, generator=g) < 0.05] = -1
-    elif kind == "repeats":  # a token may send several slots to one expert; few experts used
-        idx = torch.randint(-1, min(num_experts, 5), (num_tokens, num_topk), generator=g)
-    elif kind == "one expert":
-        idx = torch.full((num_tokens, num_topk), num_experts - 1)
-    else:  # "unused"
-        idx = torch.full((num_tokens, num_topk), -1)
-    return idx.contiguous()
 
 
 def check_layout(outputs, topk_idx: torch.Tensor, num_experts: int, alignment: int) -> None:
@@ -85,7 +71,7 @@ def check_against_reference(outputs, topk_idx, num_experts, alignment, what):
 def test_matches_reference_and_definition(num_experts, num_topk, alignment):
     for num_tokens in (0, 1, BLOCK_M - 1, BLOCK_M + 1, 3 * BLOCK_M + 5):
         for kind in ("random", "repeats"):
-            idx = routing(num_tokens, num_experts, num_topk, num_tokens + alignment, kind)
+            idx = id_routing(num_tokens, num_experts, num_topk, num_tokens + alignment, kind)
             outputs = get_fused_mapping(idx, num_experts, 0, alignment, target="cpu")
             what = f"E={num_experts} K={num_topk} A={alignment} T={num_tokens} {kind}"
             check_against_reference(outputs, idx, num_experts, alignment, what)
@@ -93,9 +79,9 @@ def test_matches_reference_and_definition(num_experts, num_topk, alignment):
             assert outputs[7] == outputs[6].tolist()
 
 
-@pytest.mark.parametrize("kind", ["one expert", "unused"])
+@pytest.mark.parametrize("kind", ["one id", "unused"])
 def test_degenerate_routings(kind):
-    idx = routing(2 * BLOCK_M + 3, 72, 6, 0, kind)
+    idx = id_routing(2 * BLOCK_M + 3, 72, 6, 0, kind)
     for flavor in ("ascend", "cuda"):
         outputs = get_fused_mapping(idx, 72, 0, 64, target="cpu", flavor=flavor)
         check_against_reference(outputs, idx, 72, 64, f"{kind} {flavor}")
@@ -103,7 +89,7 @@ def test_degenerate_routings(kind):
 
 
 def test_row_counts_and_trimming():
-    idx = routing(BLOCK_M + 7, 72, 6, 1)
+    idx = id_routing(BLOCK_M + 7, 72, 6, 1)
     trimmed = get_fused_mapping(idx, 72, 0, 16, target="cpu")
     used = sum(trimmed[7])
     assert trimmed[0].shape == (used,) and trimmed[0].is_contiguous()
@@ -119,7 +105,7 @@ def test_row_counts_and_trimming():
 
 
 def test_rows_do_not_depend_on_cpu_threads(monkeypatch):
-    idx = routing(8 * BLOCK_M + 9, 256, 8, 2)
+    idx = id_routing(8 * BLOCK_M + 9, 256, 8, 2)
     outputs = {}
     for threads in ("1", "2", "3"):
         monkeypatch.setenv(THREADS_ENV, threads)
@@ -131,7 +117,7 @@ def test_rows_do_not_depend_on_cpu_threads(monkeypatch):
 
 @pytest.mark.parametrize("num_tokens", [0, 1, BLOCK_M + 1])
 def test_ascend_sim(num_tokens):
-    idx = routing(num_tokens, 72, 6, num_tokens, "repeats" if num_tokens == 1 else "random")
+    idx = id_routing(num_tokens, 72, 6, num_tokens, "repeats" if num_tokens == 1 else "random")
     outputs = get_fused_mapping_parallel(idx, 72, 0, 16, target="ascend-sim")
     check_against_reference(outputs, idx, 72, 16, f"ascend-sim T={num_tokens}")
     check_layout(outputs, idx, 72, 16)
@@ -144,7 +130,7 @@ def test_ascend_sim(num_tokens):
     (2**32 + 3, "topk_idx holds ids outside"),  # low word in range, high word not 0
 ])
 def test_kernel_flags_bad_expert_ids(target, bad, match):
-    idx = routing(BLOCK_M + 3, 72, 6, 3)
+    idx = id_routing(BLOCK_M + 3, 72, 6, 3)
     idx[BLOCK_M + 1, 2] = bad
     with pytest.raises(ValueError, match=match):
         get_fused_mapping(idx, 72, 0, 16, target=target)
@@ -154,7 +140,7 @@ def test_kernel_flags_bad_expert_ids(target, bad, match):
 
 @pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
 def test_too_few_rows(target):
-    idx = routing(40, 72, 6, 4)
+    idx = id_routing(40, 72, 6, 4)
     needed = sum(get_fused_mapping(idx, 72, 0, 16, target="cpu")[7])
     with pytest.raises(ValueError, match="num_expanded_tokens is too small"):
         get_fused_mapping(idx, 72, needed - 1, 16, target=target)
@@ -162,7 +148,7 @@ def test_too_few_rows(target):
         get_fused_mapping(idx, 72, needed - 1, 16, target="torch")
 
 
-IDX = routing(4, 8, 2, 5)
+IDX = id_routing(4, 8, 2, 5)
 
 
 @pytest.mark.parametrize(("args", "error", "match"), [

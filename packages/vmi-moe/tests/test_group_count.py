@@ -22,6 +22,7 @@ import torch
 from vmi_core.cpu_parallel import THREADS_ENV
 from vmi_core.tools.source_checks import assert_vector_regions, barriers_in_thread_guards, dma_counts
 from vmi_core.tools.testing import REUSE_SCHEDULES, assert_bitwise_equal, generator, sim_schedule
+from vmi_devkit.cases.moe_cases import id_routing
 from vmi_devkit.cuda import check_cuda_source
 from vmi_moe.kernels import group_count as kernels
 from vmi_moe.kernels.group_count import COUNTS, FREQUENCIES, SUM_ROWS, CountSumSpec, build_count_sum, count_spec
@@ -32,21 +33,6 @@ from vmi_moe.reference import counts as reference
 # (E, K): E one sum tile (72) and two, the second partial (200); both multiples of 8 only in part.
 SIZES = [(72, 6), (200, 8)]
 BLOCK_M = count_spec(72, 6).block_m
-
-
-def routing(num_tokens: int, num_ids: int, num_topk: int, seed: int, kind: str = "random") -> torch.Tensor:
-    """int64 ``[T, K]`` ids of one kind of routing."""
-    g = generator(seed)
-    if kind == "random":  # distinct ids per token, ~5% of the entries unused
-        idx = torch.rand(num_tokens, num_ids, generator=g).argsort(dim=1)[:, :num_topk]
-        idx[torch.rand(idx.shape, generator=g) < 0.05] = -1
-    elif kind == "repeats":  # a token may name one id in several slots; few ids used
-        idx = torch.randint(-1, min(num_ids, 5), (num_tokens, num_topk), generator=g)
-    elif kind == "one id":
-        idx = torch.full((num_tokens, num_topk), num_ids - 1)
-    else:  # "unused"
-        idx = torch.full((num_tokens, num_topk), -1)
-    return idx.contiguous()
 
 
 def f32(value: float) -> float:
@@ -88,7 +74,7 @@ def check_both(idx: torch.Tensor, num_ids: int, num_aux_topk: int, what: str, ex
 def test_matches_reference_and_definition(num_ids, num_topk, flavor):
     for num_tokens in (0, 1, BLOCK_M - 1, BLOCK_M + 1, 3 * BLOCK_M + 5):
         for kind in ("random", "repeats"):
-            idx = routing(num_tokens, num_ids, num_topk, num_tokens + num_ids, kind)
+            idx = id_routing(num_tokens, num_ids, num_topk, num_tokens + num_ids, kind)
             for num_aux_topk in (1, num_topk):
                 check_both(idx, num_ids, num_aux_topk, f"E={num_ids} K={num_topk} T={num_tokens} {kind} "
                            f"k={num_aux_topk} {flavor}", target="cpu", flavor=flavor)
@@ -96,7 +82,7 @@ def test_matches_reference_and_definition(num_ids, num_topk, flavor):
 
 @pytest.mark.parametrize("kind", ["one id", "unused"])
 def test_degenerate_routings(kind):
-    idx = routing(2 * BLOCK_M + 3, 72, 6, 0, kind)
+    idx = id_routing(2 * BLOCK_M + 3, 72, 6, 0, kind)
     for flavor in ("ascend", "cuda"):
         check_both(idx, 72, 6, f"{kind} {flavor}", target="cpu", flavor=flavor)
     counts = group_count(idx, 72, target="cpu")
@@ -134,7 +120,7 @@ def test_rounded_products_and_ties():
 
 
 def test_counts_do_not_depend_on_cpu_threads(monkeypatch):
-    idx = routing(8 * BLOCK_M + 9, 72, 6, 2, "repeats")
+    idx = id_routing(8 * BLOCK_M + 9, 72, 6, 2, "repeats")
     results = {}
     for threads in ("1", "2", "3"):
         monkeypatch.setenv(THREADS_ENV, threads)
@@ -146,7 +132,7 @@ def test_counts_do_not_depend_on_cpu_threads(monkeypatch):
 
 
 def test_repeat_calls_run_from_a_plan_that_checks_the_ids_again():
-    idx = routing(BLOCK_M + 3, 72, 6, 9)
+    idx = id_routing(BLOCK_M + 3, 72, 6, 9)
     wanted = (reference.group_count(idx, 72), reference.aux_fi(idx, 72, 6))
     for _ in range(3):
         assert_bitwise_equal(group_count(idx, 72, target="cpu"), wanted[0], "planned counts")
@@ -165,7 +151,7 @@ def test_repeat_calls_run_from_a_plan_that_checks_the_ids_again():
 
 @pytest.mark.parametrize("num_tokens", [0, 1, BLOCK_M + 1])
 def test_ascend_sim(num_tokens):
-    idx = routing(num_tokens, 72, 6, num_tokens, "repeats" if num_tokens == 1 else "random")
+    idx = id_routing(num_tokens, 72, 6, num_tokens, "repeats" if num_tokens == 1 else "random")
     check_both(idx, 72, 6, f"ascend-sim T={num_tokens}", target="ascend-sim")
     assert_bitwise_equal(group_count_parallel(idx, 72, target="ascend-sim"), reference.group_count(idx, 72))
     assert_bitwise_equal(aux_fi_parallel(idx, 72, 1, target="ascend-sim"), reference.aux_fi(idx, 72, 1))
@@ -217,7 +203,7 @@ def test_ascend_sim_several_id_tiles_per_core():
             build_count_sum.compiled(CountSumSpec(num_ids, FREQUENCIES), "ascend-sim")(table, fi, 310690, 436)
             assert_bitwise_equal(fi, defined_fi(totals, num_ids, 310690, 436), schedule)
     for num_tokens in (1, 3 * BLOCK_M + 5):
-        idx = routing(num_tokens, 200, 8, num_tokens)
+        idx = id_routing(num_tokens, 200, 8, num_tokens)
         check_both(idx, 200, 8, f"ascend-sim E=200 T={num_tokens}", target="ascend-sim")
 
 
@@ -225,14 +211,14 @@ def test_ascend_sim_several_id_tiles_per_core():
 @pytest.mark.parametrize("num_topk", [1, 2, 16, 32])
 def test_other_widths(num_topk):
     for num_tokens in (1, 2 * BLOCK_M + 1):
-        idx = routing(num_tokens, 40, num_topk, num_topk, "repeats")
+        idx = id_routing(num_tokens, 40, num_topk, num_topk, "repeats")
         check_both(idx, 40, num_topk, f"K={num_topk} T={num_tokens}", target="cpu")
 
 
 @pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
 @pytest.mark.parametrize("bad", [72, -2, 2**32 + 3])  # the last: low word in range, high word not 0
 def test_kernel_flags_bad_ids(target, bad):
-    idx = routing(BLOCK_M + 3, 72, 6, 3)
+    idx = id_routing(BLOCK_M + 3, 72, 6, 3)
     idx[BLOCK_M + 1, 2] = bad
     with pytest.raises(ValueError, match=r"group_count: group_idx holds ids outside .*-1 marks an unused"):
         group_count(idx, 72, target=target)
@@ -244,7 +230,7 @@ def test_kernel_flags_bad_ids(target, bad):
         aux_fi(idx, 72, 6, target="torch")
 
 
-IDX = routing(4, 8, 2, 5)
+IDX = id_routing(4, 8, 2, 5)
 HUGE = torch.zeros(2**25, 32, dtype=torch.int64, device="meta")
 
 

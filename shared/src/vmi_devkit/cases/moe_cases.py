@@ -109,6 +109,24 @@ def with_ties(x: torch.Tensor, seed: int, every: int = 3) -> torch.Tensor:
     return y
 
 
+def id_routing(num_tokens: int, num_ids: int, num_topk: int, seed: int, kind: str = "random") -> torch.Tensor:
+    """int64 ``[T, K]`` ids of one kind of routing, the inputs of the layout and counting ops:
+    ``"random"`` (distinct ids per token, ~5% of the slots unused), ``"repeats"`` (a token may name
+    one id in several slots; few ids used), ``"one id"`` (every slot the last id) or ``"unused"``
+    (every slot -1)."""
+    g = generator(seed)
+    if kind == "random":
+        idx = torch.rand(num_tokens, num_ids, generator=g).argsort(dim=1)[:, :num_topk]
+        idx[torch.rand(idx.shape, generator=g) < 0.05] = -1
+    elif kind == "repeats":
+        idx = torch.randint(-1, min(num_ids, 5), (num_tokens, num_topk), generator=g)
+    elif kind == "one id":
+        idx = torch.full((num_tokens, num_topk), num_ids - 1)
+    else:
+        idx = torch.full((num_tokens, num_topk), -1)
+    return idx.contiguous()
+
+
 def tie_expectations(num_cols: int, k: int) -> dict[int, list[int]]:
     """For ``with_ties`` rows of kinds 0, 2 and 3 on plain scores: the leading indices the rank order implies."""
     first = list(range(k))
