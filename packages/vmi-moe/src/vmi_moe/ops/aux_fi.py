@@ -19,9 +19,9 @@ from ..inputs import check_ids, new_status, raise_status
 from ..kernels import group_count as parallel
 from ..kernels.get_fused_mapping import build_fused_mapping_count
 from ..reference import counts as reference
-from .demo import SOURCE_EXPERTS, routing
+from .demo import SIMT_SUPPORT, SOURCE_EXPERTS, routing
 from .get_fused_mapping import MAX_EXPERTS
-from .group_count import SUPPORT, TOPK_CHOICES
+from .group_count import TOPK_CHOICES
 
 
 @dataclass
@@ -70,7 +70,7 @@ AUX_FI = KernelOp(
     _run,
     command=Command(
         summary="per-expert frequency term of the load-balancing loss, count * E / (T * num_aux_topk)",
-        support=SUPPORT,
+        support=SIMT_SUPPORT,
         default_shape=(4096, 256),
         bench_shapes=((16384, 256), (4096, 384), (1024, 72), (1, 256), (16, 256)),
         make_inputs=_inputs,

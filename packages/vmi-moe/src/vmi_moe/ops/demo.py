@@ -22,6 +22,9 @@ SOURCE_EXPERTS = 256
 
 SUPPORT = support("SIMD and SIMT vector regions", cpu="checked against the reference in both flavors",
                   ascend_sim="checked against the reference (ascend flavor)")
+# The ops checked bit for bit (the default wording), by the regions they lower to.
+SIMT_SUPPORT = support("SIMT vector regions")
+SIMD_SIMT_SUPPORT = support("SIMD and SIMT vector regions")
 # Prefill sizes (throughput) and decode sizes (1, 4, 16 tokens: microseconds per call).
 SHAPES = ((16384, 256), (4096, 384), (1024, 72), (1, 256), (4, 256), (16, 256))
 

@@ -20,7 +20,7 @@ from vmi_core.targets import resolve_flavor, resolve_target
 from ..inputs import check_ids, new_status, raise_status
 from ..kernels import get_fused_mapping as parallel
 from ..reference import mapping as reference
-from .demo import SOURCE_EXPERTS, SUPPORT, routing
+from .demo import SIMT_SUPPORT, SOURCE_EXPERTS, routing
 
 # Expert ids are compile-time sizes of the kernels' counter tiles.
 MAX_EXPERTS = 65536
@@ -105,7 +105,7 @@ GET_FUSED_MAPPING = KernelOp(
     _run,
     command=Command(
         summary="expert-major layout of the routed slots, ranges aligned per expert",
-        support=SUPPORT,
+        support=SIMT_SUPPORT,
         default_shape=(4096, 256),
         bench_shapes=((16384, 256), (4096, 384), (1024, 72), (1, 256), (16, 256)),
         make_inputs=_inputs,

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import check_int
-from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.targets import resolve_flavor, resolve_target
 
 from ..inputs import check_ids, new_status, raise_status
 from ..kernels import group_count as parallel
 from ..kernels.get_fused_mapping import build_fused_mapping_count
 from ..reference import counts as reference
-from .demo import SOURCE_EXPERTS, routing
+from .demo import SIMT_SUPPORT, SOURCE_EXPERTS, routing
 from .get_fused_mapping import MAX_EXPERTS
 
 
@@ -58,9 +58,6 @@ def _kernels(options, target, flavor):
             (parallel.build_count_sum, parallel.CountSumSpec(SOURCE_EXPERTS, parallel.COUNTS))]
 
 
-# Both ops lower to SIMT regions only (counters and columns per lane); their results are integers and
-# one correctly rounded quotient: bit-exact on every target.
-SUPPORT = support("SIMT vector regions")
 # The id columns the command offers (get_fused_mapping's).
 TOPK_CHOICES = (1, 2, 6, 8, 16, 32)
 
@@ -71,7 +68,7 @@ GROUP_COUNT = KernelOp(
     _run,
     command=Command(
         summary="entries per group (expert) of an id tensor",
-        support=SUPPORT,
+        support=SIMT_SUPPORT,
         default_shape=(4096, 256),
         bench_shapes=((16384, 256), (4096, 384), (1024, 72), (1, 256), (16, 256)),
         make_inputs=_inputs,

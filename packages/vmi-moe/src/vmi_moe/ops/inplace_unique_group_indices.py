@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from vmi_core.checks import INT32_MAX, check_int, check_tensor, mark_written
-from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry, support
+from vmi_core.library import Command, KernelOp, Option, Param, parallel_entry
 from vmi_core.plan import with_values
 from vmi_core.targets import resolve_flavor, resolve_target
 from vmi_core.tools.testing import generator
@@ -22,11 +22,11 @@ from ..inputs import MAX_TOPK, new_status
 from ..kernels import inplace_unique_group_indices as parallel
 from ..kernels.common import STATUS_BAD_INDEX
 from ..reference import indices as reference
+from .demo import SIMD_SIMT_SUPPORT
 
 # The largest group count: ids are compared as int32.
 MAX_GROUPS = INT32_MAX
 
-SUPPORT = support("SIMD and SIMT vector regions")
 
 
 @dataclass
@@ -91,7 +91,7 @@ INPLACE_UNIQUE_GROUP_INDICES = KernelOp(
     (), _run,
     command=Command(
         summary="per token, set every group id that repeats an earlier one to -1, in place",
-        support=SUPPORT,
+        support=SIMD_SIMT_SUPPORT,
         default_shape=(4096, 16),
         bench_shapes=((16384, 16), (4096, 8), (4096, 128), (1, 16), (16, 16)),
         make_inputs=_inputs,

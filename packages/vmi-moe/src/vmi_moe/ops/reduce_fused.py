@@ -22,7 +22,7 @@ from ..inputs import MAX_TOPK, new_status
 from ..kernels import reduce_fused as parallel
 from ..kernels.common import STATUS_BAD_INDEX
 from ..reference import reduce as reference
-from .demo import SUPPORT
+from .demo import SIMT_SUPPORT
 
 OP = "reduce_fused"
 FP8_FORMATS = ("", "e4m3")
@@ -185,7 +185,7 @@ REDUCE_FUSED = KernelOp(
     ("out",), _run, outs=("out",),
     command=Command(
         summary="the expanded expert rows summed back per token: weighted, in slot order with fused multiply-adds",
-        support=SUPPORT,
+        support=SIMT_SUPPORT,
         default_shape=(1024, 4096),
         bench_shapes=((2048, 7168), (1024, 4096), (1, 7168), (4, 7168), (16, 7168)),
         make_inputs=_inputs,

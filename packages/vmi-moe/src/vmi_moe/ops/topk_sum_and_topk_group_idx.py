@@ -20,7 +20,7 @@ from vmi_core.tools.testing import randn
 from ..inputs import new_status, raise_status
 from ..kernels import topk_sum_and_topk_group_idx as parallel
 from ..reference import topk as reference
-from .demo import SHAPES, SUPPORT
+from .demo import SHAPES, SIMD_SIMT_SUPPORT
 
 # Each token ranks its groups against each other: G^2 compares.
 MAX_GROUPS = 256
@@ -89,7 +89,7 @@ TOPK_SUM_AND_TOPK_GROUP_IDX = KernelOp(
     ("topk_group_idx",), _run,
     command=Command(
         summary="rank expert groups by their top-1 or top-2 score sum, ties to the lowest group",
-        support=SUPPORT,
+        support=SIMD_SIMT_SUPPORT,
         default_shape=(4096, 256),
         bench_shapes=SHAPES,
         make_inputs=_inputs,
