@@ -19,6 +19,7 @@ ever write 1 there, so concurrent writes agree.
 import tilelang.language as T
 
 from vmi_core.tl import formats as F
+from vmi_core.tl.shell import SIMT
 from vmi_core.tl.simd import LaneVar, Vec, absolute, bitcast, fma, keep, maximum, minimum, select
 
 # Tokens per work tile: the largest power of two up to 128 whose double-buffered row
@@ -75,6 +76,17 @@ def tile_rows(token_bytes: int) -> int:
     while rows > 1 and rows * token_bytes * TILE_VERSIONS > TILE_BUDGET_BYTES:
         rows //= 2
     return rows
+
+
+@T.macro
+def raise_flagged_rows(sh, bad, rows: int, num_valid, STATUS, word: int):
+    """``STATUS[word] = 1`` where a lane's row below ``num_valid`` flagged ``bad[i] > 0``: one lane per
+    row of the tile, in SIMT (a global store from vector code on Ascend). Rows past the token count
+    hold stale data, or nothing (not computed)."""
+    with sh.vector(SIMT):
+        for i in T.Parallel(rows):
+            if i < num_valid and bad[i] > 0:
+                STATUS[word] = 1
 
 
 def clamp(index, low: int, high: int):

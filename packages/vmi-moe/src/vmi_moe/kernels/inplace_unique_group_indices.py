@@ -23,10 +23,19 @@ import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
-from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Pred, keep, select
 
-from .common import STATUS_BAD_INDEX, STATUS_WORDS, kernel_rows, padded, row_bytes, row_chunks, tile_rows
+from .common import (
+    STATUS_BAD_INDEX,
+    STATUS_WORDS,
+    kernel_rows,
+    padded,
+    raise_flagged_rows,
+    row_bytes,
+    row_chunks,
+    tile_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -91,11 +100,7 @@ def build_inplace_unique_group_indices(spec: UniqueGroupSpec, target: str):
                 # from flagged lanes) in SIMT.
                 with sh.vector(SIMD):
                     unique_rows(ix, out, bad, num_groups, M - row0)
-                with sh.vector(SIMT):
-                    for i in T.Parallel(BM):
-                        # Rows past the token count hold stale data, or nothing (not computed).
-                        if row0 + i < M and bad[i] > 0:
-                            STATUS[STATUS_BAD_INDEX] = 1
+                raise_flagged_rows(sh, bad, BM, M - row0, STATUS, STATUS_BAD_INDEX)
                 sh.copy(out, OUT[row0, 0])
 
     return inplace_unique_group_indices_kernel

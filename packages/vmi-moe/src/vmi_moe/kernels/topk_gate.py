@@ -25,7 +25,7 @@ import torch
 
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
-from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, cast
 
 from .common import (
@@ -36,6 +36,7 @@ from .common import (
     next_in_rank,
     padded,
     pos_inf,
+    raise_flagged_rows,
     row_bytes,
     row_chunks,
     running_top_k,
@@ -106,11 +107,7 @@ def build_topk_gate(spec: TopkGateSpec, target: str):
                 # from flagged lanes) in SIMT.
                 with sh.vector(SIMD):
                     select_rows(key, idx, bad, M - row0)
-                with sh.vector(SIMT):
-                    for i in T.Parallel(BM):
-                        # Rows past the token count hold stale data, or nothing (not computed).
-                        if row0 + i < M and bad[i] > 0:
-                            STATUS[STATUS_NONFINITE] = 1
+                raise_flagged_rows(sh, bad, BM, M - row0, STATUS, STATUS_NONFINITE)
                 sh.copy(idx, IDX[row0, 0])
 
     return topk_gate_kernel

@@ -24,7 +24,7 @@ import torch
 
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
-from vmi_core.tl.shell import SIMD, SIMT, Shell
+from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, cast, keep, select
 
 from .common import (
@@ -34,6 +34,7 @@ from .common import (
     kernel_rows,
     neg_inf,
     padded,
+    raise_flagged_rows,
     row_bytes,
     row_chunks,
     tile_rows,
@@ -142,11 +143,7 @@ def build_topk_sum_and_topk_group_idx(spec: TopkGroupSpec, target: str):
                 sh.copy(SCORES[row0, 0], key)
                 with sh.vector(SIMD):
                     rank_rows(key, group_score, rank, idx, bad, M - row0)
-                with sh.vector(SIMT):
-                    for i in T.Parallel(BM):
-                        # Rows past the token count hold stale data, or nothing (not computed).
-                        if row0 + i < M and bad[i] > 0:
-                            STATUS[STATUS_NONFINITE] = 1
+                raise_flagged_rows(sh, bad, BM, M - row0, STATUS, STATUS_NONFINITE)
                 sh.copy(idx, IDX[row0, 0])
 
     return topk_sum_and_topk_group_idx_kernel
