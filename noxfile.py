@@ -11,7 +11,7 @@ Every session runs in the current environment (``venv_backend="none"``): the
 (shared/) installed in editable mode. No session creates its own environment or
 reinstalls torch, except ``build`` and ``release``, which check wheels in fresh
 venvs under ``.nox/`` (scripts/release_check.py, at the versions of
-shared/constraints.txt).
+shared/constraints.txt), and ``docs``, whose tools live in their own venv.
 """
 
 from __future__ import annotations
@@ -93,14 +93,17 @@ def lint(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "ruff", "check", ".", *session.posargs)
 
 
-@nox.session(venv_backend="none")
+@nox.session(venv_backend="venv", reuse_venv=True)
 def docs(session: nox.Session) -> None:
-    """The API reference site: docs/requirements.txt into the current environment, then mkdocs build --strict
-    into site/ (arguments after -- go to mkdocs build)."""
-    session.run(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                "-r", str(ROOT / "docs" / "requirements.txt"))
-    session.run(sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-                *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
+    """The API reference site, built in its own venv (.nox/docs: torch, the four packages in editable mode
+    and docs/requirements.txt, kept between runs): mkdocs build --strict into site/ (arguments after --
+    go to mkdocs build)."""
+    pins = ("-c", str(ROOT / "shared" / "constraints.txt"))
+    session.install(*pins, "torch", "hatchling", "editables")
+    session.install(*pins, "--no-build-isolation", *(f"-e{ROOT / 'packages' / p}" for p in PACKAGES),
+                    "-r", str(ROOT / "docs" / "requirements.txt"))
+    session.run("mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"), *session.posargs,
+                env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 def _release_check():
@@ -124,7 +127,7 @@ def build(session: nox.Session) -> None:
             rc.build(package, dist, sdist=False)
         for package in [p for p, op in rc.SMOKE_OPS.items() if op]:
             wheel = next(dist.glob(f"{package.replace('-', '_')}-*.whl"))
-            rc.check_installed_wheel(wheel, dist, core, package, ROOT / ".nox" / "wheel-check")
+            rc.check_installed_wheel(wheel, core, ["--find-links", dist], package, ROOT / ".nox" / "wheel-check")
     except rc.CheckFailed as error:
         session.error(str(error))
 

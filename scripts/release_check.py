@@ -10,13 +10,16 @@ For the package (``vmi-core``, ``vmi-quant``, ``vmi-mhc`` or ``vmi-moe``):
    ``__version__``, which hatch reads for the metadata), and the package's CHANGELOG.md has an entry
    for that version, dated when a tag is given;
 2. a family package's ``vmi-core`` requirement admits the in-tree vmi-core's version (a family that
-   needs a newer vmi-core than its pin allows fails here: release vmi-core first, then raise the pin);
-3. its wheel and sdist are built into ``OUT/publish`` (only they: the workflow uploads that folder),
-   carry the LICENSE (the wheel also the module's ``py.typed``) and pass ``twine check --strict``;
-   a family's in-tree vmi-core wheel goes to ``OUT/deps``;
+   needs a newer vmi-core than its pin allows fails here: release vmi-core first, then raise the pin),
+   and that vmi-core version is on the package index (``--core-index``, default PyPI), where the
+   family's users will get it from, unless vmi-core is released in the same run (``--with-core``);
+3. its wheel and sdist are built into ``OUT/publish`` (only they, and with ``--with-core`` vmi-core's,
+   built and checked the same way: the workflow uploads that folder), carry the LICENSE (the wheel
+   also the module's ``py.typed``) and pass ``twine check --strict``;
 4. a fresh venv gets torch (the pinned version, a CPU build where ``--torch-index`` names one), then
-   the wheel alone (and the in-tree vmi-core for a family; tilelang from the index), at the versions
-   of ``shared/constraints.txt``; no other vmi distribution may come along;
+   the wheel alone with, for a family, vmi-core from the index (or the one built in this run) and
+   tilelang from the index, at the versions of ``shared/constraints.txt``; no other vmi
+   distribution may come along;
 5. there, the package's smoke check runs: the module says the version being released, ``vmi run OP``
    against the reference, and ``vmi bench OP`` at one small shape, which must say that no baseline is
    installed (the baselines are in the repository's vmi-devkit, not in a wheel); vmi-core, alone, is
@@ -34,6 +37,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import venv
 import zipfile
 from pathlib import Path
@@ -53,6 +57,7 @@ PACKAGES = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe")
 SMOKE_OPS = {"vmi-core": None, "vmi-quant": "per_token_cast", "vmi-mhc": "mhc_reduce_partials_and_rmsnorm_fwd",
              "vmi-moe": "moe_topk_gate"}
 BENCH_SHAPE = "256x512"
+CORE_INDEX = "https://pypi.org/simple"
 TAG = re.compile(r"^(?P<package>vmi-[a-z]+)-v(?P<version>\d+\.\d+\.\d+)$")
 
 
@@ -140,6 +145,18 @@ def check_core_pin(package: str) -> str | None:
     return core
 
 
+def check_core_published(core: str, index: str) -> None:
+    """vmi-core ``core`` must be downloadable from ``index`` (pip's own configuration ignored)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        found = subprocess.run([sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "download",
+                                "--quiet", "--no-deps", "--index-url", index, "--dest", scratch, f"vmi-core=={core}"],
+                               capture_output=True, text=True)
+    if found.returncode != 0:
+        raise CheckFailed(f"vmi-core {core} (the in-tree version this release is tested with) is not on {index}: "
+                          f"release vmi-core {core} first, or with this package in one run (--with-core)")
+    say(f"vmi-core {core} is on {index}")
+
+
 def build(package: str, out: Path, sdist: bool = True) -> list[Path]:
     """The package's wheel (and sdist) in ``out``, built from the working tree without isolation."""
     out.mkdir(parents=True, exist_ok=True)
@@ -194,11 +211,11 @@ def fresh_venv(path: Path, torch_index: str | None) -> Path:
     return python
 
 
-def install_alone(python: Path, wheel: Path, deps: Path | None, core: str | None) -> None:
-    """Install ``wheel`` with its dependencies (the in-tree vmi-core from ``deps``) and check that no
-    other vmi distribution came along."""
+def install_alone(python: Path, wheel: Path, core: str | None, core_source: list) -> None:
+    """Install ``wheel`` with its dependencies (vmi-core ``core`` from where the pip options
+    ``core_source`` point) and check that no other vmi distribution came along."""
     pip = [python, "-m", "pip", "--disable-pip-version-check"]
-    extra = ["--find-links", deps, f"vmi-core=={core}"] if core else []
+    extra = [*core_source, f"vmi-core=={core}"] if core else []
     run(*pip, "install", "--quiet", "-c", CONSTRAINTS, wheel, *extra)
     listed = run(*pip, "list", "--format=freeze", capture=True)
     found = sorted(line for line in listed.splitlines() if line.startswith("vmi-"))
@@ -229,28 +246,34 @@ def smoke(python: Path, package: str) -> None:
         raise CheckFailed(f"vmi bench {op} from the wheel does not say that no baseline is installed")
 
 
-def check_installed_wheel(wheel: Path, deps: Path | None, core: str | None, package: str, venv_dir: Path,
+def check_installed_wheel(wheel: Path, core: str | None, core_source: list, package: str, venv_dir: Path,
                           torch_index: str | None = None) -> None:
-    """Fresh venv, the wheel alone (plus the in-tree vmi-core), the package's smoke check."""
+    """Fresh venv, the wheel alone (plus vmi-core ``core`` from ``core_source``), the package's smoke check."""
     python = fresh_venv(venv_dir, torch_index)
-    install_alone(python, wheel, deps, core)
+    install_alone(python, wheel, core, core_source)
     smoke(python, package)
 
 
-def release_check(package: str, tag: str | None, out: Path, venv_dir: Path, torch_index: str | None) -> list[Path]:
-    """All checks of one package's release; returns the files to publish."""
+def release_check(package: str, tag: str | None, out: Path, venv_dir: Path, torch_index: str | None,
+                  core_index: str = CORE_INDEX, with_core: bool = False) -> list[Path]:
+    """All checks of one package's release (with ``with_core``, of vmi-core's too); returns the files
+    to publish, vmi-core's first."""
     check_version(package, tag)
     core = check_core_pin(package)
+    if core is not None and not with_core:
+        check_core_published(core, core_index)
     if out.exists():
         shutil.rmtree(out)
-    publish = build(package, out / "publish")
+    publish = []
+    if core is not None and with_core:
+        check_changelog((ROOT / "packages" / "vmi-core" / "CHANGELOG.md").read_text(), "vmi-core", core,
+                        released=tag is not None)
+        publish = build("vmi-core", out / "publish")
+    publish += build(package, out / "publish")
     twine_check(publish)
-    deps = None
-    if core is not None:
-        deps = out / "deps"
-        build("vmi-core", deps, sdist=False)
-    wheel = next(p for p in publish if p.suffix == ".whl")
-    check_installed_wheel(wheel, deps, core, package, venv_dir, torch_index)
+    core_source = ["--find-links", out / "publish"] if with_core else ["--extra-index-url", core_index]
+    wheel = next(p for p in publish if p.suffix == ".whl" and p.name.startswith(package.replace("-", "_")))
+    check_installed_wheel(wheel, core, core_source, package, venv_dir, torch_index)
     say(f"{package} passed; to publish: {', '.join(p.name for p in publish)} in {out / 'publish'}")
     return publish
 
@@ -264,12 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, default=ROOT / ".nox" / "release-check",
                         help="where the fresh venv goes (replaced)")
     parser.add_argument("--torch-index", help="index URL of torch for the fresh venv (e.g. PyTorch's CPU index)")
+    parser.add_argument("--core-index", default=CORE_INDEX,
+                        help=f"the index a family's vmi-core must be on (default {CORE_INDEX})")
+    parser.add_argument("--with-core", action="store_true",
+                        help="a family released together with the in-tree vmi-core: check and publish both")
     args = parser.parse_args(argv)
     try:
         package = args.package or (package_of_tag(args.tag)[0] if args.tag else None)
         if package is None:
             parser.error("name a package or give --tag")
-        release_check(package, args.tag, args.out, args.venv, args.torch_index)
+        release_check(package, args.tag, args.out, args.venv, args.torch_index, args.core_index,
+                      args.with_core)
     except CheckFailed as error:
         say(f"FAILED: {error}")
         return 1

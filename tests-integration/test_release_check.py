@@ -1,7 +1,7 @@
 """scripts/release_check.py's checks that need no build: the tag against the package's version, a
-family's vmi-core pin against the in-tree vmi-core, and the artefacts' licence and ``py.typed`` on
-hand-made files (the build, twine and fresh-venv steps run under ``nox -s release`` and
-``nox -s build``)."""
+family's vmi-core pin against the in-tree vmi-core and that vmi-core on a package index (a local one
+made here), and the artefacts' licence and ``py.typed`` on hand-made files (the build, twine and
+fresh-venv steps run under ``nox -s release`` and ``nox -s build``)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,44 @@ def test_a_family_needing_a_newer_core_fails(monkeypatch):
                         if p == "vmi-moe" else project(p))
     with pytest.raises(rc.CheckFailed, match=r"requires vmi-core~=0.2.0, which the in-tree vmi-core 0.1.0"):
         rc.check_core_pin("vmi-moe")
+
+
+def _index_with_core(root: Path, version: str) -> str:
+    """A PEP 503 index in ``root`` holding one minimal vmi-core wheel; its URL."""
+    import zipfile
+
+    project = root / "vmi-core"
+    project.mkdir(parents=True)
+    name = f"vmi_core-{version}-py3-none-any.whl"
+    info = f"vmi_core-{version}.dist-info"
+    with zipfile.ZipFile(project / name, "w") as wheel:
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: vmi-core\nVersion: {version}\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+    (project / "index.html").write_text(f'<a href="{name}">{name}</a>\n')
+    return root.as_uri()
+
+
+def test_a_family_release_needs_its_core_on_the_index(tmp_path, monkeypatch):
+    """Checked before anything is built: a family whose vmi-core is not on the index fails, naming
+    the way out; on the index, or released in the same run, it goes on to the build."""
+    index = _index_with_core(tmp_path / "index", "0.0.9")
+    core = rc.version_of("vmi-core")
+    with pytest.raises(rc.CheckFailed, match=rf"vmi-core {core} .* is not on {index}: release vmi-core {core} first"):
+        rc.check_core_published(core, index)
+    rc.check_core_published("0.0.9", index)
+
+    def built(package, out, sdist=True):
+        raise rc.CheckFailed(f"building {package}")
+
+    monkeypatch.setattr(rc, "build", built)
+    run = dict(tag=None, out=tmp_path / "out", venv_dir=tmp_path / "venv", torch_index=None, core_index=index)
+    with pytest.raises(rc.CheckFailed, match="is not on"):
+        rc.release_check("vmi-moe", **run)
+    with pytest.raises(rc.CheckFailed, match="building vmi-core"):
+        rc.release_check("vmi-moe", **run, with_core=True)
+    with pytest.raises(rc.CheckFailed, match="building vmi-core"):
+        rc.release_check("vmi-core", **run)
 
 
 def _wheel(path: Path, licence: bytes | None, typed: bool, declared: bool = True) -> Path:
