@@ -7,7 +7,7 @@ Run them with the nox installed by ``bash scripts/setup``::
     .venv/bin/nox -s tests -- -k per_token_cast   # arguments after -- go to pytest
 
 Every session runs in the current environment (``venv_backend="none"``): the
-``.venv`` that scripts/setup made, with torch, the four packages and vmi-devkit
+``.venv`` that scripts/setup made, with torch, the five packages and vmi-devkit
 (shared/) installed in editable mode. No session creates its own environment or
 reinstalls torch, except ``build`` and ``release``, which check wheels in fresh
 venvs under ``.nox/`` (scripts/release_check.py, at the versions of
@@ -22,7 +22,7 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).resolve().parent
-PACKAGES = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe")
+PACKAGES = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe", "vmi")
 TEST_DIRS = {
     "core": "packages/vmi-core/tests",
     "quant": "packages/vmi-quant/tests",
@@ -95,7 +95,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="venv", reuse_venv=True)
 def docs(session: nox.Session) -> None:
-    """The API reference site, built in its own venv (.nox/docs: torch, the four packages in editable mode
+    """The API reference site, built in its own venv (.nox/docs: torch, the five packages in editable mode
     and docs/requirements.txt, kept between runs): mkdocs build --strict into site/ (arguments after --
     go to mkdocs build)."""
     pins = ("-c", str(ROOT / "shared" / "constraints.txt"))
@@ -116,25 +116,27 @@ def _release_check():
 
 @nox.session(venv_backend="none")
 def build(session: nox.Session) -> None:
-    """Build the four wheels into dist/; install each family package with ops alone from them and run an op."""
+    """Build the five wheels into dist/; install each family package alone with vmi-core from them and run an
+    op, then the meta-package ``vmi`` and run its demo (arguments after -- name the packages to check)."""
     rc = _release_check()
     dist = ROOT / "dist"
-    for old in dist.glob("vmi_*.whl"):
+    for old in dist.glob("vmi*.whl"):
         old.unlink()
-    core = rc.version_of("vmi-core")
+    checked = session.posargs or [p for p, smoke in rc.SMOKE_OPS.items() if smoke]
     try:
         for package in PACKAGES:
             rc.build(package, dist, sdist=False)
-        for package in [p for p, op in rc.SMOKE_OPS.items() if op]:
-            wheel = next(dist.glob(f"{package.replace('-', '_')}-*.whl"))
-            rc.check_installed_wheel(wheel, core, ["--find-links", dist], package, ROOT / ".nox" / "wheel-check")
+        for package in checked:
+            wheel = next(dist.glob(f"{rc.module_of(package)}-*.whl"))
+            rc.check_installed_wheel(wheel, package, rc.check_vmi_pins(package), ["--find-links", dist],
+                                     ROOT / ".nox" / "wheel-check")
     except rc.CheckFailed as error:
         session.error(str(error))
 
 
 @nox.session(venv_backend="none")
 def release(session: nox.Session) -> None:
-    """The release workflow's checks of one package, without publishing (-- vmi-moe [--tag vmi-moe-v0.1.0])."""
+    """The release workflow's checks of one package, without publishing (-- vmi-moe [--with-deps] [--tag ...])."""
     if not session.posargs:
-        session.error("name the package: nox -s release -- vmi-moe [--tag vmi-moe-v0.1.0]")
+        session.error("name the package: nox -s release -- vmi-moe [--with-deps] [--tag vmi-moe-v0.1.0]")
     session.run(sys.executable, str(ROOT / "scripts" / "release_check.py"), *session.posargs)

@@ -1,29 +1,30 @@
 """Release checks of one vmi package, the same in the release workflow and in ``nox -s release``.
 
-    python scripts/release_check.py vmi-moe                        # what a vmi-moe release would ship
+    python scripts/release_check.py vmi-moe --with-deps            # what a vmi-moe release would ship
     python scripts/release_check.py --tag vmi-quant-v0.1.0         # the workflow: the package from the tag
     python scripts/release_check.py vmi-core --tag vmi-core-v0.1.0 --torch-index https://download.pytorch.org/whl/cpu
 
-For the package (``vmi-core``, ``vmi-quant``, ``vmi-mhc`` or ``vmi-moe``):
+For the package (``vmi-core``, ``vmi-quant``, ``vmi-mhc``, ``vmi-moe`` or the meta-package ``vmi``):
 
 1. the tag, if given, is ``<package>-v<version>`` with the package's version (its module's
    ``__version__``, which hatch reads for the metadata), and the package's CHANGELOG.md has an entry
    for that version, dated when a tag is given;
-2. a family package's ``vmi-core`` requirement admits the in-tree vmi-core's version (a family that
-   needs a newer vmi-core than its pin allows fails here: release vmi-core first, then raise the pin),
-   and that vmi-core version is on the package index (``--core-index``, default PyPI), where the
-   family's users will get it from, unless vmi-core is released in the same run (``--with-core``);
-3. its wheel and sdist are built into ``OUT/publish`` (only they, and with ``--with-core`` vmi-core's,
-   built and checked the same way: the workflow uploads that folder), carry the LICENSE (the wheel
-   also the module's ``py.typed``) and pass ``twine check --strict``;
+2. each requirement on another vmi package (a family's ``vmi-core``; the meta-package's four)
+   admits that package's in-tree version (one that needs a newer vmi-core than its pin allows fails
+   here: release vmi-core first, then raise the pin), and that version is on the package index
+   (``--index``, default PyPI), where the users will get it from, unless those packages are released
+   in the same run (``--with-deps``: they are checked and published too);
+3. its wheel and sdist (with ``--with-deps``, theirs first) are built into ``OUT/publish`` (only they:
+   the workflow uploads that folder), carry the LICENSE (the wheel also the module's ``py.typed``)
+   and pass ``twine check --strict``;
 4. a fresh venv gets torch (the pinned version, a CPU build where ``--torch-index`` names one), then
-   the wheel alone with, for a family, vmi-core from the index (or the one built in this run) and
+   the wheel alone with its vmi requirements from the index (or those built in this run) and
    tilelang from the index, at the versions of ``shared/constraints.txt``; no other vmi
    distribution may come along;
-5. there, the package's smoke check runs: the module says the version being released, ``vmi run OP``
-   against the reference, and ``vmi bench OP`` at one small shape, which must say that no baseline is
-   installed (the baselines are in the repository's vmi-devkit, not in a wheel); vmi-core, alone, is
-   imported and ``vmi list`` runs.
+5. there, the package's smoke check runs: the module says the version being released; a family runs
+   ``vmi run OP`` against the reference and ``vmi bench OP`` at one small shape, which must say that
+   no baseline is installed (the baselines are in the repository's vmi-devkit, not in a wheel);
+   vmi-core, alone, is imported and ``vmi list`` runs; the meta-package runs ``vmi demo``.
 
 The build uses the running Python's ``build``, ``hatchling`` and ``twine`` (no build isolation);
 exit status 1 with one ``release check:`` line on a failed check.
@@ -52,13 +53,14 @@ else:  # Python 3.10: the tomli backport
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "shared" / "constraints.txt"
-PACKAGES = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe")
-# The op each family's installed wheel runs; None: no op yet, an import check.
+PACKAGES = ("vmi-core", "vmi-quant", "vmi-mhc", "vmi-moe", "vmi")
+# What each installed wheel runs: a family one op, vmi-core `vmi list`, the meta-package its demo.
+DEMO = "demo"
 SMOKE_OPS = {"vmi-core": None, "vmi-quant": "per_token_cast", "vmi-mhc": "mhc_reduce_partials_and_rmsnorm_fwd",
-             "vmi-moe": "moe_topk_gate"}
+             "vmi-moe": "moe_topk_gate", "vmi": DEMO}
 BENCH_SHAPE = "256x512"
-CORE_INDEX = "https://pypi.org/simple"
-TAG = re.compile(r"^(?P<package>vmi-[a-z]+)-v(?P<version>\d+\.\d+\.\d+)$")
+INDEX = "https://pypi.org/simple"
+TAG = re.compile(r"^(?P<package>vmi(?:-[a-z]+)?)-v(?P<version>\d+\.\d+\.\d+)$")
 
 
 class CheckFailed(Exception):
@@ -85,10 +87,14 @@ def project(package: str) -> dict:
         return tomllib.load(f)["project"]
 
 
+def module_of(package: str) -> str:
+    return package.replace("-", "_")
+
+
 def version_of(package: str) -> str:
     """The package's version: its module's ``__version__`` (the one place it is written; hatch reads
     it there for the metadata)."""
-    init = (ROOT / "packages" / package / "src" / package.replace("-", "_") / "__init__.py").read_text()
+    init = (ROOT / "packages" / package / "src" / module_of(package) / "__init__.py").read_text()
     match = re.search(r'^__version__ = "([^"]+)"$', init, flags=re.M)
     if match is None:
         raise CheckFailed(f"packages/{package}: no __version__ = \"X.Y.Z\" line in the module's __init__.py")
@@ -128,33 +134,35 @@ def check_changelog(changelog: str, package: str, version: str, released: bool) 
                           f"date ('## [{version}] - YYYY-MM-DD'), got {heading[0]!r}")
 
 
-def check_core_pin(package: str) -> str | None:
-    """A family's vmi-core requirement must admit the in-tree vmi-core; returns that version."""
-    if package == "vmi-core":
-        return None
-    core = version_of("vmi-core")
+def check_vmi_pins(package: str) -> dict[str, str]:
+    """Each requirement of ``package`` on another vmi package must admit that package's in-tree
+    version; returns them, ``{name: version}`` (a family: vmi-core; vmi-core: none)."""
     pins = [Requirement(r) for r in project(package).get("dependencies", [])]
-    pins = [r for r in pins if r.name == "vmi-core"]
-    if not pins:
+    pins = [r for r in pins if r.name in PACKAGES]
+    if package != "vmi-core" and not any(r.name == "vmi-core" for r in pins):
         raise CheckFailed(f"{package} does not declare its vmi-core requirement")
+    in_tree = {}
     for pin in pins:
-        if not pin.specifier.contains(Version(core), prereleases=True):
-            raise CheckFailed(f"{package} requires {pin}, which the in-tree vmi-core {core} does not satisfy: "
-                              f"release vmi-core first, or pin what {package} is tested against")
-    say(f"{package}'s {', '.join(map(str, pins))} admits the in-tree vmi-core {core}")
-    return core
+        version = in_tree[pin.name] = version_of(pin.name)
+        if not pin.specifier.contains(Version(version), prereleases=True):
+            raise CheckFailed(f"{package} requires {pin}, which the in-tree {pin.name} {version} does not satisfy: "
+                              f"release {pin.name} first, or pin what {package} is tested against")
+    if pins:
+        say(f"{package}'s {', '.join(map(str, pins))} admit{'s' if len(pins) == 1 else ''} the in-tree "
+            + ", ".join(f"{name} {version}" for name, version in in_tree.items()))
+    return in_tree
 
 
-def check_core_published(core: str, index: str) -> None:
-    """vmi-core ``core`` must be downloadable from ``index`` (pip's own configuration ignored)."""
+def check_published(name: str, version: str, index: str) -> None:
+    """``name==version`` must be downloadable from ``index`` (pip's own configuration ignored)."""
     with tempfile.TemporaryDirectory() as scratch:
         found = subprocess.run([sys.executable, "-m", "pip", "--isolated", "--disable-pip-version-check", "download",
-                                "--quiet", "--no-deps", "--index-url", index, "--dest", scratch, f"vmi-core=={core}"],
+                                "--quiet", "--no-deps", "--index-url", index, "--dest", scratch, f"{name}=={version}"],
                                capture_output=True, text=True)
     if found.returncode != 0:
-        raise CheckFailed(f"vmi-core {core} (the in-tree version this release is tested with) is not on {index}: "
-                          f"release vmi-core {core} first, or with this package in one run (--with-core)")
-    say(f"vmi-core {core} is on {index}")
+        raise CheckFailed(f"{name} {version} (the in-tree version this release is tested with) is not on {index}: "
+                          f"release {name} {version} first, or with this package in one run (--with-deps)")
+    say(f"{name} {version} is on {index}")
 
 
 def build(package: str, out: Path, sdist: bool = True) -> list[Path]:
@@ -173,7 +181,7 @@ def build(package: str, out: Path, sdist: bool = True) -> list[Path]:
 def check_contents(package: str, files: list[Path]) -> None:
     """The wheel carries the licence (``dist-info/licenses/LICENSE``, declared in its metadata) and
     the module's ``py.typed``; the sdist carries the licence as a file."""
-    module = package.replace("-", "_")
+    module = module_of(package)
     licence = (ROOT / "LICENSE").read_bytes()
     for path in files:
         if path.suffix == ".whl":
@@ -211,16 +219,15 @@ def fresh_venv(path: Path, torch_index: str | None) -> Path:
     return python
 
 
-def install_alone(python: Path, wheel: Path, core: str | None, core_source: list) -> None:
-    """Install ``wheel`` with its dependencies (vmi-core ``core`` from where the pip options
-    ``core_source`` point) and check that no other vmi distribution came along."""
+def install_alone(python: Path, wheel: Path, package: str, deps: dict[str, str], deps_source: list) -> None:
+    """Install ``wheel`` with its dependencies (the vmi packages ``deps`` from where the pip options
+    ``deps_source`` point) and check that no other vmi distribution came along."""
     pip = [python, "-m", "pip", "--disable-pip-version-check"]
-    extra = [*core_source, f"vmi-core=={core}"] if core else []
-    run(*pip, "install", "--quiet", "-c", CONSTRAINTS, wheel, *extra)
+    pinned = [f"{name}=={version}" for name, version in deps.items()]
+    run(*pip, "install", "--quiet", "-c", CONSTRAINTS, wheel, *(deps_source if deps else []), *pinned)
     listed = run(*pip, "list", "--format=freeze", capture=True)
-    found = sorted(line for line in listed.splitlines() if line.startswith("vmi-"))
-    name = wheel.name.split("-")[0].replace("_", "-")
-    expected = sorted({f"{name}=={wheel.name.split('-')[1]}", *([f"vmi-core=={core}"] if core else [])})
+    found = sorted(line for line in listed.splitlines() if line.split("==")[0] in PACKAGES)
+    expected = sorted([f"{package}=={version_of(package)}", *pinned])
     if found != expected:
         raise CheckFailed(f"installing {wheel.name} alone gave {found}, expected {expected}")
     say(f"fresh venv has {', '.join(found)} and nothing else of vmi")
@@ -230,7 +237,7 @@ def smoke(python: Path, package: str) -> None:
     """Run the package's op (or import it) in the venv of ``python``; the installed module must say
     the version being released."""
     bindir = python.parent
-    module = package.replace("-", "_")
+    module = module_of(package)
     printed = run(python, "-c", f"import {module}; print({module}.__name__, {module}.__version__)", capture=True)
     expected = f"{module} {version_of(package)}"
     if printed.strip() != expected:
@@ -239,41 +246,50 @@ def smoke(python: Path, package: str) -> None:
     if op is None:
         run(bindir / "vmi", "list")
         return
+    if op == DEMO:
+        out = run(bindir / "vmi", "demo", "--repeat", "1", capture=True)
+        print(out, end="")
+        if "block (forward + backward)" not in out:
+            raise CheckFailed("vmi demo from the wheels did not print the block's stage table")
+        return
     run(bindir / "vmi", "run", op)
-    out = run(bindir / "vmi", "bench", op, "--shape", BENCH_SHAPE, "--repeat", "1", "--threads", "1", capture=True)
+    out = run(bindir / "vmi", "bench", op, "--shape", BENCH_SHAPE, "--min-time", "0.05", "--threads", "1",
+              capture=True)
     print(out, end="")
     if "baseline: none installed" not in out:
         raise CheckFailed(f"vmi bench {op} from the wheel does not say that no baseline is installed")
 
 
-def check_installed_wheel(wheel: Path, core: str | None, core_source: list, package: str, venv_dir: Path,
+def check_installed_wheel(wheel: Path, package: str, deps: dict[str, str], deps_source: list, venv_dir: Path,
                           torch_index: str | None = None) -> None:
-    """Fresh venv, the wheel alone (plus vmi-core ``core`` from ``core_source``), the package's smoke check."""
+    """Fresh venv, the wheel alone (plus its vmi requirements ``deps`` from ``deps_source``), the
+    package's smoke check."""
     python = fresh_venv(venv_dir, torch_index)
-    install_alone(python, wheel, core, core_source)
+    install_alone(python, wheel, package, deps, deps_source)
     smoke(python, package)
 
 
 def release_check(package: str, tag: str | None, out: Path, venv_dir: Path, torch_index: str | None,
-                  core_index: str = CORE_INDEX, with_core: bool = False) -> list[Path]:
-    """All checks of one package's release (with ``with_core``, of vmi-core's too); returns the files
-    to publish, vmi-core's first."""
+                  index: str = INDEX, with_deps: bool = False) -> list[Path]:
+    """All checks of one package's release (with ``with_deps``, of its vmi requirements' too);
+    returns the files to publish, the requirements' first."""
     check_version(package, tag)
-    core = check_core_pin(package)
-    if core is not None and not with_core:
-        check_core_published(core, core_index)
+    deps = check_vmi_pins(package)
+    if not with_deps:
+        for name, version in deps.items():
+            check_published(name, version, index)
     if out.exists():
         shutil.rmtree(out)
     publish = []
-    if core is not None and with_core:
-        check_changelog((ROOT / "packages" / "vmi-core" / "CHANGELOG.md").read_text(), "vmi-core", core,
+    for name in (deps if with_deps else []):
+        check_changelog((ROOT / "packages" / name / "CHANGELOG.md").read_text(), name, deps[name],
                         released=tag is not None)
-        publish = build("vmi-core", out / "publish")
+        publish += build(name, out / "publish")
     publish += build(package, out / "publish")
     twine_check(publish)
-    core_source = ["--find-links", out / "publish"] if with_core else ["--extra-index-url", core_index]
-    wheel = next(p for p in publish if p.suffix == ".whl" and p.name.startswith(package.replace("-", "_")))
-    check_installed_wheel(wheel, core, core_source, package, venv_dir, torch_index)
+    deps_source = ["--find-links", out / "publish"] if with_deps else ["--extra-index-url", index]
+    wheel = next(p for p in publish if p.suffix == ".whl" and p.name.startswith(f"{module_of(package)}-"))
+    check_installed_wheel(wheel, package, deps, deps_source, venv_dir, torch_index)
     say(f"{package} passed; to publish: {', '.join(p.name for p in publish)} in {out / 'publish'}")
     return publish
 
@@ -287,17 +303,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, default=ROOT / ".nox" / "release-check",
                         help="where the fresh venv goes (replaced)")
     parser.add_argument("--torch-index", help="index URL of torch for the fresh venv (e.g. PyTorch's CPU index)")
-    parser.add_argument("--core-index", default=CORE_INDEX,
-                        help=f"the index a family's vmi-core must be on (default {CORE_INDEX})")
-    parser.add_argument("--with-core", action="store_true",
-                        help="a family released together with the in-tree vmi-core: check and publish both")
+    parser.add_argument("--index", default=INDEX,
+                        help=f"the index the package's vmi requirements must be on (default {INDEX})")
+    parser.add_argument("--with-deps", action="store_true",
+                        help="release the package's vmi requirements (their in-tree versions) in the same run")
     args = parser.parse_args(argv)
     try:
         package = args.package or (package_of_tag(args.tag)[0] if args.tag else None)
         if package is None:
             parser.error("name a package or give --tag")
-        release_check(package, args.tag, args.out, args.venv, args.torch_index, args.core_index,
-                      args.with_core)
+        release_check(package, args.tag, args.out, args.venv, args.torch_index, args.index, args.with_deps)
     except CheckFailed as error:
         say(f"FAILED: {error}")
         return 1

@@ -1,5 +1,6 @@
-"""The four vmi distributions are installed, at the versions their pyproject.toml declare,
-and the family packages depend on a compatible vmi-core."""
+"""The five vmi distributions are installed, at the versions their pyproject.toml declare, the
+family packages depend on a compatible vmi-core, and the meta-package ``vmi`` on all four at
+their in-tree versions."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ DISTRIBUTIONS = {
     "vmi-quant": "vmi_quant",
     "vmi-mhc": "vmi_mhc",
     "vmi-moe": "vmi_moe",
+    "vmi": "vmi",
 }
 FAMILIES = ("vmi-quant", "vmi-mhc", "vmi-moe")
 
@@ -45,6 +47,11 @@ def test_the_version_is_written_once(dist: str) -> None:
 def test_family_requires_compatible_core(dist: str) -> None:
     reqs = [re.sub(r"\s+", "", r) for r in requires(dist) or []]
     assert "vmi-core~=0.1.0" in reqs, f"{dist} requires {reqs}"
+
+
+def test_the_meta_package_requires_each_package_at_its_version() -> None:
+    reqs = sorted(re.sub(r"\s+", "", r) for r in requires("vmi") or [])
+    assert reqs == sorted(f"{dist}=={version(dist)}" for dist in DISTRIBUTIONS if dist != "vmi")
 
 
 def test_core_pins_tilelang_and_declares_cli() -> None:

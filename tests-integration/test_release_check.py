@@ -57,16 +57,25 @@ def test_a_tag_that_does_not_match_fails(tag, says):
 
 @pytest.mark.parametrize("package", ["vmi-quant", "vmi-mhc", "vmi-moe"])
 def test_family_pins_admit_the_in_tree_core(package):
-    assert rc.check_core_pin(package) == rc.version_of("vmi-core")
-    assert rc.check_core_pin("vmi-core") is None
+    assert rc.check_vmi_pins(package) == {"vmi-core": rc.version_of("vmi-core")}
+    assert rc.check_vmi_pins("vmi-core") == {}
 
 
-def test_a_family_needing_a_newer_core_fails(monkeypatch):
+def test_the_meta_package_pins_every_package_at_its_in_tree_version():
+    assert rc.check_vmi_pins("vmi") == {p: rc.version_of(p) for p in rc.PACKAGES if p != "vmi"}
+
+
+@pytest.mark.parametrize(("package", "requirements", "says"), [
+    ("vmi-moe", ["vmi-core~=0.2.0"], r"requires vmi-core~=0.2.0, which the in-tree vmi-core 0.1.0"),
+    ("vmi", ["vmi-core==0.1.0", "vmi-moe==0.0.1"], r"requires vmi-moe==0.0.1, which the in-tree vmi-moe 0.1.0"),
+    ("vmi-mhc", ["numpy"], "does not declare its vmi-core requirement"),
+])
+def test_a_pin_the_tree_does_not_satisfy_fails(monkeypatch, package, requirements, says):
     project = rc.project
-    monkeypatch.setattr(rc, "project", lambda p: {**project(p), "dependencies": ["vmi-core~=0.2.0"]}
-                        if p == "vmi-moe" else project(p))
-    with pytest.raises(rc.CheckFailed, match=r"requires vmi-core~=0.2.0, which the in-tree vmi-core 0.1.0"):
-        rc.check_core_pin("vmi-moe")
+    monkeypatch.setattr(rc, "project", lambda p: {**project(p), "dependencies": requirements}
+                        if p == package else project(p))
+    with pytest.raises(rc.CheckFailed, match=says):
+        rc.check_vmi_pins(package)
 
 
 def _index_with_core(root: Path, version: str) -> str:
@@ -91,18 +100,18 @@ def test_a_family_release_needs_its_core_on_the_index(tmp_path, monkeypatch):
     index = _index_with_core(tmp_path / "index", "0.0.9")
     core = rc.version_of("vmi-core")
     with pytest.raises(rc.CheckFailed, match=rf"vmi-core {core} .* is not on {index}: release vmi-core {core} first"):
-        rc.check_core_published(core, index)
-    rc.check_core_published("0.0.9", index)
+        rc.check_published("vmi-core", core, index)
+    rc.check_published("vmi-core", "0.0.9", index)
 
     def built(package, out, sdist=True):
         raise rc.CheckFailed(f"building {package}")
 
     monkeypatch.setattr(rc, "build", built)
-    run = dict(tag=None, out=tmp_path / "out", venv_dir=tmp_path / "venv", torch_index=None, core_index=index)
+    run = dict(tag=None, out=tmp_path / "out", venv_dir=tmp_path / "venv", torch_index=None, index=index)
     with pytest.raises(rc.CheckFailed, match="is not on"):
         rc.release_check("vmi-moe", **run)
     with pytest.raises(rc.CheckFailed, match="building vmi-core"):
-        rc.release_check("vmi-moe", **run, with_core=True)
+        rc.release_check("vmi-moe", **run, with_deps=True)
     with pytest.raises(rc.CheckFailed, match="building vmi-core"):
         rc.release_check("vmi-core", **run)
 
