@@ -17,20 +17,26 @@ What the pages take from the code at build time, so that they cannot drift from 
     The family's registered ops: name and aliases, ``OpInfo.summary``, link to the op's page.
 ``<!-- vmi:cli OP -->``
     The ``vmi run OP -o name=value`` options of an op (``OpInfo.options``).
+``<!-- vmi:torch OP [OP ...] -->``
+    The ops as torch custom ops (``KernelOp``): their ``torch.ops.vmi`` schemas, whether a
+    derivative is registered, and the kernels each runs at its default options with what every
+    kernel is compiled for (its spec's fields and docstring, from ``Command.kernels``).
 
 It warns (an error under ``mkdocs build --strict``) when a public name of a family package has
-no ``:::`` directive on any page, when a registered op appears in no ``vmi:targets`` table, and
-when a marker names an unknown op, family or marker kind.
+no ``:::`` directive on any page, when a registered op appears in no ``vmi:targets`` table or in
+no ``vmi:torch`` section, and when a marker names an unknown op, family or marker kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import logging
 import posixpath
 import re
 
+from vmi_core.library import KERNEL_OPS, KernelOp
 from vmi_core.targets import TARGETS
 from vmi_core.tools.registry import OpInfo, discover
 
@@ -47,6 +53,7 @@ class _State:
     generated: dict[str, object] = {}  # public name -> a parallel_entry function
     pages: dict[str, str] = {}  # public name -> src_uri of the page documenting it
     shown: set[str] = set()  # op names rendered in a vmi:targets table
+    in_torch: set[str] = set()  # op names rendered in a vmi:torch section
 
 
 def on_config(config):
@@ -60,6 +67,7 @@ def on_config(config):
             if hasattr(obj, "parallel_of"):
                 _State.generated[f"{package}.{name}"] = obj
     _State.shown = set()
+    _State.in_torch = set()
     return config
 
 
@@ -86,6 +94,8 @@ def on_post_build(config):
     names = {op.name for op in _State.ops.values()}
     for name in sorted(names - _State.shown):
         log.warning(f"op {name!r} is registered but no page shows its targets (<!-- vmi:targets {name} -->)")
+    for name in sorted(names - _State.in_torch):
+        log.warning(f"op {name!r} is registered but no page shows it in torch (<!-- vmi:torch {name} -->)")
 
 
 # --- ::: directives ---
@@ -143,6 +153,8 @@ def _expand(kind: str, args: list[str], src_uri: str) -> str:
             return _ops_table(args[0], src_uri)
         if kind == "cli" and len(args) == 1:
             return _cli_table(_op(args[0]))
+        if kind == "torch" and args:
+            return _torch_section([_op(name) for name in args])
         raise LookupError(f"unknown marker vmi:{kind} {' '.join(args)}")
     except LookupError as error:
         log.warning(f"{src_uri}: {error.args[0]}")
@@ -227,3 +239,42 @@ def _cli_table(op: OpInfo) -> str:
     shape = "x".join(str(n) for n in op.default_shape)
     return (f"`vmi run {op.name} [-o name=value ...]` runs the op at its default shape ({shape}) on a target, "
             f"checks it against the reference and times both; its options:\n\n" + "\n".join(rows) + "\n")
+
+
+def _kernel_op(op: OpInfo) -> KernelOp:
+    return next(k for k in KERNEL_OPS.values() if k.command is not None and (k.command.name or k.name) == op.name)
+
+
+def _torch_section(ops: list[OpInfo]) -> str:
+    """Schemas, derivative and kernel specialisations of each op."""
+    parts = []
+    for op in ops:
+        _State.in_torch.add(op.name)
+        kernel_op = _kernel_op(op)
+        overloads = [kernel_op.schema()] + ([kernel_op.schema("out")] if kernel_op.out is not None else [])
+        derivative = ("a derivative is registered (`torch.library.register_autograd`): `backward()` through it runs "
+                      "the backward kernels" if kernel_op.differentiable else "no derivative is registered")
+        parts.append(f"`torch.ops.vmi.{kernel_op.name}` ({derivative}):\n\n```text\n"
+                     + "\n".join(f"vmi::{o}" for o in overloads) + "\n```\n")
+        parts.append(_specialisations(op, kernel_op))
+    return "\n".join(parts) + (
+        "\nEach op has a fake implementation, so FakeTensor, meta tensors and `torch.compile(fullgraph=True)` "
+        "trace it without running a kernel (`torch.library.opcheck` passes on a sample call of every op).\n")
+
+
+def _specialisations(op: OpInfo, kernel_op: KernelOp) -> str:
+    """The kernels ``op`` runs at its default options (cpu target, ascend flavor), each with the
+    fields of its spec: the spec is the kernel's cache key (with the target and flavor), so a new
+    value of a field compiles a kernel and every other size is a runtime value."""
+    options = {o.name: o.default for o in op.options}
+    rows = ["| kernel | compiled once per value of |", "| --- | --- |"]
+    for kernel, spec in kernel_op.command.kernels(options, "cpu", "ascend"):
+        fields = (", ".join(f"`{f.name}`" for f in dataclasses.fields(spec)) if dataclasses.is_dataclass(spec)
+                  else f"`{spec!r}`")
+        row = f"| `{kernel.name}` | {fields or 'nothing: one kernel'} |"
+        if row not in rows:
+            rows.append(row)
+    return (f"The kernels `{op.name}` runs at its default options. Each is compiled (seconds on `cpu`; then it "
+            f"comes from the disk cache) once per target, flavor and value of the fields below; every other "
+            f"size, the token count included where it is not listed, is a runtime value:\n\n"
+            + "\n".join(rows) + "\n")

@@ -223,6 +223,7 @@ class KernelOp:
         packet = getattr(getattr(torch.ops, NAMESPACE), name)
         self.default = packet.default
         self.out = packet.out if outs else None
+        self.differentiable = autograd is not None
         if autograd is not None:
             backward, setup_context = autograd
             torch.library.register_autograd(self.qualname, backward, setup_context=setup_context, lib=_LIBRARY)
