@@ -44,13 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import tilelang
-import tvm
-from tvm import tirx
-
 from . import __version__
 from .headers import precompiled_header
 from .targets import TARGETS, lowering_target
+from .tl.lazy import import_tilelang, tilelang, tirx, tvm
 
 CUDA_ARCH_ENV = "VMI_CUDA_ARCH"
 CACHE_DIR_ENV = "VMI_CACHE_DIR"
@@ -61,9 +58,10 @@ TILELANG_LOGGERS = ("tilelang", "tilelang.jit.kernel", "tilelang.cache.kernel_ca
 
 def configure_tilelang_logging(level: int | str | None = None) -> None:
     """Set TileLang's loggers to ``level``: default ``$VMI_LOG`` (a ``logging`` level name such as
-    ``INFO``), else ``WARNING``, so that a library call prints nothing of its compiles. Runs when
-    vmi-core's compile module is imported (after TileLang sets its own levels); setting the
-    ``tilelang`` loggers' levels later overrides it."""
+    ``INFO``), else ``WARNING``, so that a library call prints nothing of its compiles. vmi sets the
+    default at its first lowering or compile unless this ran before. TileLang sets its own levels when
+    it is imported, so this imports it first; setting the ``tilelang`` loggers' levels later overrides it."""
+    global _tilelang_logging_configured
     if level is None:
         level = os.environ.get(LOG_ENV) or "WARNING"
     if isinstance(level, str):
@@ -71,11 +69,12 @@ def configure_tilelang_logging(level: int | str | None = None) -> None:
         if not isinstance(logging.getLevelName(name), int):
             raise ValueError(f"${LOG_ENV} must be a logging level name (DEBUG, INFO, WARNING, ERROR), got {level!r}")
         level = logging.getLevelName(name)
+    import_tilelang()
     for logger in TILELANG_LOGGERS:
         logging.getLogger(logger).setLevel(level)
+    _tilelang_logging_configured = True
 
 
-configure_tilelang_logging()
 DEFAULT_CUDA_ARCH = "sm_90a"
 
 CPU_ARCH_ENV = "VMI_CPU_ARCH"
@@ -103,6 +102,7 @@ CPU_LOWERING_RULES = (("fabs", "fabsf"), ("fmod", "fmodf"))
 
 _setup_lock = threading.Lock()
 _cpu_rules_registered = False
+_tilelang_logging_configured = False
 # Held while TileLang's cache directory points at vmi's.
 _tilelang_cache_lock = threading.RLock()
 
@@ -287,6 +287,8 @@ def _tilelang_cache():
 def _setup(target: str) -> None:
     global _cpu_rules_registered
     with _setup_lock:
+        if not _tilelang_logging_configured:
+            configure_tilelang_logging()
         if target == "cpu" and not _cpu_rules_registered:
             for op, libm in CPU_LOWERING_RULES:
                 tvm.ir.register_intrin_lowering(

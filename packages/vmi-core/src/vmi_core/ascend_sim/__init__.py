@@ -41,11 +41,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-import tilelang  # also puts TileLang's tvm on the path
 import torch
-from tvm.tirx import IntImm, Var
 
 from ..headers import precompiled_header
+from ..tl.lazy import tilelang, tirx
 
 SCHEDULES = ("seq", "random", "consumers_first", "producers_first")
 SCHEDULE_ENV = "VMI_ASCEND_SIM_SCHEDULE"
@@ -70,9 +69,7 @@ _KERNEL_SIGNATURE = re.compile(r'extern "C" __global__ (__vector__|__cube__|__mi
 _KERNEL_KINDS = {"__vector__": "KERNEL_VECTOR", "__cube__": "KERNEL_CUBE"}
 _TEMPLATE_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/[^>]*>\s*$", re.M)
 _SIMD_INST_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/ascend/simd_inst\.h>\s*$", re.M)
-SIMD_INST_HEADER = Path(tilelang.__file__).resolve().parent / "src" / "tl_templates" / "ascend" / "simd_inst.h"
 _GEMM_INCLUDE = re.compile(r"^\s*#include\s*<tl_templates/ascend/gemm\.h>\s*$", re.M)
-GEMM_HEADER = SIMD_INST_HEADER.with_name("gemm.h")
 # The one template of gemm.h that T.gemm emits (the others need Cube intrinsics the model lacks).
 _GEMM_L1_TEMPLATE = re.compile(r"template <int M, int K, int N, int TILE_K_SUB, bool TRANS_B, typename InT,\s*"
                                r"typename AccumT>\s*__aicore__ inline void\s*ascend_gemm_l1\(.*?\n}\n", re.S)
@@ -196,18 +193,24 @@ def _simd_vf_launcher(match: re.Match) -> str:
             f"inline void {name}_body({params}) {{")
 
 
+def _ascend_template(name: str) -> Path:
+    """A header of TileLang's Ascend templates."""
+    return Path(tilelang.__file__).resolve().parent / "src" / "tl_templates" / "ascend" / name
+
+
 @functools.cache
 def _gemm_l1_template() -> str:
-    match = _GEMM_L1_TEMPLATE.search(GEMM_HEADER.read_text())
+    header = _ascend_template("gemm.h")
+    match = _GEMM_L1_TEMPLATE.search(header.read_text())
     if match is None:
-        raise AscendSimError(f"no ascend_gemm_l1 template in {GEMM_HEADER}")
+        raise AscendSimError(f"no ascend_gemm_l1 template in {header}")
     return match.group(0)
 
 
 def prepare_source(source: str) -> str:
     """The emitted source as the model compiles it, with its launch entry appended."""
     name, params = kernel_signature(source)
-    body = _SIMD_INST_INCLUDE.sub(lambda _: SIMD_INST_HEADER.read_text(), source, count=1)
+    body = _SIMD_INST_INCLUDE.sub(lambda _: _ascend_template("simd_inst.h").read_text(), source, count=1)
     body = _GEMM_INCLUDE.sub(lambda _: _gemm_l1_template(), body, count=1)
     body = _rewrite_pointers(_TEMPLATE_INCLUDE.sub("", body))
     body = _SIMD_VF.sub(_simd_vf_launcher, body)
@@ -373,12 +376,12 @@ class SimKernel:
             strides = list(buffer.strides) or None
             contiguous_stride = 1
             for dim in reversed(range(arg.dim())):
-                stride = strides[dim] if strides else IntImm("int64", contiguous_stride)
+                stride = strides[dim] if strides else tirx.IntImm("int64", contiguous_stride)
                 for extent, actual, kind in ((buffer.shape[dim], arg.shape[dim], "size"),
                                              (stride, arg.stride(dim), "stride")):
-                    if isinstance(extent, Var):
+                    if isinstance(extent, tirx.Var):
                         bind(extent, actual, f"the {kind} of {buffer.name} in dim {dim}")
-                    elif isinstance(extent, IntImm) and extent.value != actual and not (
+                    elif isinstance(extent, tirx.IntImm) and extent.value != actual and not (
                             kind == "stride" and arg.shape[dim] <= 1):
                         raise ValueError(f"{self.name}: argument {buffer.name} has {kind} {actual} in dim {dim}, "
                                          f"expected {extent.value}")

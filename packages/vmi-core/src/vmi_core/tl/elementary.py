@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import functools
 
-import tilelang.language as T
-
 from . import exp as E
 from .exact import keep_flat
 from .formats import f32_const
 from .lane_c import QUALIFIER_DEFINITION, c_function
+from .lazy import T
 from .log1p import log1p as _log1p
 from .simd import Vec, keep, select
 

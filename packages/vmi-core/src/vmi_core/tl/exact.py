@@ -10,9 +10,8 @@ is evaluated lazily, and GCC does not vectorize the branches a nest of them beco
 
 from __future__ import annotations
 
-import tilelang.language as T
-
 from .formats import f32_bits, f32_const, f32_from_bits, u32
+from .lazy import T
 from .simd import Pred, Vec, fma, select, simd
 from .simd import keep as keep_bound
 

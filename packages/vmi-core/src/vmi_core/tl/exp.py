@@ -28,8 +28,6 @@ check the hard lanes, the special values and a seeded sample on cpu and ascend-s
 
 from __future__ import annotations
 
-import tilelang.language as T
-
 from . import exp_constants as K
 from .exact import (
     both,
@@ -42,6 +40,7 @@ from .exact import (
     two_sum_error,
 )
 from .formats import f32_bits, f32_const, f32_from_bits, u32
+from .lazy import T
 from .simd import bitcast, fma, select
 
 _SHIFT = 12582912.0  # adding it leaves round(x·N/ln2) in the low mantissa bits

@@ -19,8 +19,8 @@ each other and against torch's own casts.
 from __future__ import annotations
 
 import numpy as np
-import tilelang.language as T
 
+from .lazy import T
 from .simd import Pred, Vec, absolute, bitcast, cast, fma, keep, minimum, select, widen
 
 E4M3_MAX = 448.0

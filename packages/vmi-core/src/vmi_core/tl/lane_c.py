@@ -17,12 +17,12 @@ generators print it on every target.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import tilelang.language as T
-from tvm import tirx
+from .lazy import T, tirx
 
 # What a function is declared as, per compiler: nvcc (cuda); AscendC's bisheng for the device
 # (``__NPU_ARCH__``, a predefined macro, which ascend-sim's model defines too; a SIMT region may call
@@ -44,14 +44,19 @@ QUALIFIER_DEFINITION = f"""#ifndef {QUALIFIER}
 # Built-in types: the text may come before any header (nvcc's source starts with it); ``int`` is
 # 32 bits on every target.
 _C_TYPES = {"float32": "float", "int32": "int", "uint32": "unsigned int", "bool": "bool"}
-_BINARY = {
-    tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*",
-    tirx.EQ: "==", tirx.NE: "!=", tirx.LT: "<", tirx.LE: "<=", tirx.GT: ">", tirx.GE: ">=",
-    tirx.And: "&&", tirx.Or: "||",
-}
 _BIT_CALLS = {"tirx.shift_left": "<<", "tirx.shift_right": ">>", "tirx.bitwise_and": "&",
               "tirx.bitwise_or": "|", "tirx.bitwise_xor": "^"}
 _EXTERNS = {"fmaf"}
+
+
+@functools.cache
+def _binary_operators() -> dict:
+    """The C operator of each binary expression node (a function: TVM is imported at the first trace)."""
+    return {
+        tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*",
+        tirx.EQ: "==", tirx.NE: "!=", tirx.LT: "<", tirx.LE: "<=", tirx.GT: ">", tirx.GE: ">=",
+        tirx.And: "&&", tirx.Or: "||",
+    }
 
 
 def _c_type(dtype) -> str:
@@ -134,8 +139,9 @@ class _Printer:
             if str(node.dtype) == "bool":
                 return "true" if node.value else "false"
             return f"(({_c_type(node.dtype)}){node.value}{'U' if str(node.dtype) == 'uint32' else ''})"
-        if type(node) in _BINARY:
-            return f"({self.expr(node.a)} {_BINARY[type(node)]} {self.expr(node.b)})"
+        operator = _binary_operators().get(type(node))
+        if operator is not None:
+            return f"({self.expr(node.a)} {operator} {self.expr(node.b)})"
         if isinstance(node, tirx.Not):
             return f"(!{self.expr(node.a)})"
         if isinstance(node, tirx.Select):

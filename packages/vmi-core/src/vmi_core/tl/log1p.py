@@ -34,11 +34,10 @@ checked against the oracle on every binary32 input too.
 
 from __future__ import annotations
 
-import tilelang.language as T
-
 from . import log1p_constants as K
 from .exact import constant_like, index_bits, keep_flat, round_to_odd, select_table, two_prod_error, two_sum_error
 from .formats import f32_bits, f32_const, f32_from_bits, u32
+from .lazy import T
 from .simd import bitcast, cast, fma, select
 
 _F32_ABS, _F32_INF, _QUIET = 0x7FFFFFFF, 0x7F800000, 0x00400000

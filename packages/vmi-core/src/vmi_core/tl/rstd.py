@@ -39,11 +39,10 @@ The torch twins (bit for bit on ``cpu`` and ``ascend-sim``) and the float64 refe
 
 from __future__ import annotations
 
-import tilelang.language as T
-
 from ..rstd import RstdConstants, rstd_constants
 from ..targets import get_flavor
 from .formats import f32_const, like
+from .lazy import T
 from .simd import Vec, fma, keep, sqrt
 
 

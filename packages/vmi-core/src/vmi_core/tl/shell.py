@@ -29,11 +29,10 @@ from __future__ import annotations
 import contextlib
 import os
 
-import tilelang.language as TL
-from tvm import tirx
-
 from . import vector as V
 from .elementary import exp_lanes, exp_tile
+from .lazy import T as TL
+from .lazy import tirx
 
 # Persistent workers per target: Ascend 950 vector cores, H200 SMs (x2 blocks), one CPU thread.
 DEFAULT_WORKERS = {"ascend": 64, "cuda": 264, "cpu": 1}

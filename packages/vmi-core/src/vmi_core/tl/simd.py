@@ -18,8 +18,7 @@ intermediates are bound once as registers.
 
 from __future__ import annotations
 
-import tilelang.language as T
-from tvm import tirx
+from .lazy import T, tirx
 
 LANES = 64
 _WIDTH_MASK = {"uint8": 0xFF, "uint16": 0xFFFF}

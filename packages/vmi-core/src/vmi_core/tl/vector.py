@@ -17,9 +17,8 @@ Lanes past a tile's valid columns hold stale data in both forms; phases mask the
 
 from __future__ import annotations
 
-import tilelang.language as T
-
 from . import formats as F
+from .lazy import T
 from .reduce import combine
 from .simd import LANES, LaneVar, Pred, Vec, bitcast, fma, keep, maximum, minimum, simd
 

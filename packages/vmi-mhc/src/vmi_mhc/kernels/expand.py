@@ -16,11 +16,10 @@ lanes widened into 32-bit lanes by the load and packed again by the store.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 
 from ..tl.mix import row_at

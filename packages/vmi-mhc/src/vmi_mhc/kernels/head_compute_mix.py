@@ -32,10 +32,9 @@ runtime values: one compiled kernel per stream count and flavor.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
 

@@ -33,12 +33,12 @@ layer's loads overlap the current layer's stores. On cpu and cuda the same arith
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, Vec, keep, simd
 from vmi_core.tl.vector import phase_barrier

@@ -34,9 +34,8 @@ a call's column blocks (merge) or token blocks (reduce) are split across threads
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.kernel import kernel
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, fma, keep
 from vmi_core.tl.vector import ChunkAt, load, phase_barrier, store

@@ -31,11 +31,10 @@ threads (``vmi_core.cpu_parallel``).
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, fma, keep, select, simd
 from vmi_core.tl.vector import load, phase_barrier, store

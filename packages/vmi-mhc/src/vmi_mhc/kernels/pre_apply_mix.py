@@ -24,12 +24,11 @@ gather from a lane table (``ChunkAt.group``).
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.compile import CUDA_SHARED_LIMIT
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, fma, select
 

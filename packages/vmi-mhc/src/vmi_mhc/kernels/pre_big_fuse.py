@@ -29,12 +29,11 @@ token and split counts, the epsilons, the post multiplier and the repeat are run
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, keep
 from vmi_core.tl.vector import ChunkAt

@@ -36,13 +36,12 @@ On cpu the forward's token blocks, and the backward's column blocks, are split a
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
-from tvm.tirx.script.builder.ir import sblock_attr
 
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, select
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store
@@ -390,7 +389,7 @@ def build_gemm_bwd(spec: GemmSpec, target: str):
             if sh.is_ascend:
                 # The vector phases on one AIV of the AI core: the Cube writes its products
                 # (L0C -> UB) into sub-block 0's UB only, and x_grad is read-modify-write.
-                sblock_attr({"vector_count": T.int32(1)})
+                T.sblock_attr({"vector_count": T.int32(1)})
             for cb in sh.tiles([num_blocks], worker):
                 col0 = T.alloc_var("int32")
                 col0 = (first_block + cb) * BK

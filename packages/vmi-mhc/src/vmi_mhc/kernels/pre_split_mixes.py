@@ -32,13 +32,13 @@ value: one compiled kernel per flavor.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import flavor_quotient
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, keep, select
 

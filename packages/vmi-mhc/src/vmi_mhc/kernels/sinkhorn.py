@@ -27,9 +27,8 @@ local array.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.kernel import kernel
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LaneVar, keep
 from vmi_core.tl.vector import load, phase_barrier, store

@@ -4,8 +4,7 @@ elsewhere one token per thread or loop iteration (``at`` is the element position
 
 from __future__ import annotations
 
-import tilelang.language as T
-
+from vmi_core.tl.lazy import T
 from vmi_core.tl.simd import Vec, bitcast, keep
 from vmi_core.tl.vector import gather, load, store
 

@@ -15,8 +15,7 @@ The torch twin is ``vmi_mhc.reference.pre_apply_mix.stream_mix``.
 
 from __future__ import annotations
 
-import tilelang.language as T
-
+from vmi_core.tl.lazy import T
 from vmi_core.tl.simd import LANES, Vec, fma
 from vmi_core.tl.vector import ChunkAt, ElementAt
 

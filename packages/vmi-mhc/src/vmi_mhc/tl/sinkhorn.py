@@ -23,9 +23,8 @@ Per flavor (spec §3.9.2, §5.1):
 
 from __future__ import annotations
 
-import tilelang.language as T
-
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.simd import LaneVar, Vec, keep, maximum
 
 N = 4

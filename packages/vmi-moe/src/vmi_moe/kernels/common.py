@@ -16,9 +16,8 @@ ever write 1 there, so concurrent writes agree.
 """
 
 
-import tilelang.language as T
-
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMT
 from vmi_core.tl.simd import LaneVar, Vec, absolute, bitcast, fma, keep, maximum, minimum, select
 

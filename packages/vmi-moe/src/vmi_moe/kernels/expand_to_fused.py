@@ -40,10 +40,10 @@ length, SF row length and all strides are runtime values: one compiled kernel pe
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMT, Shell
 
 from .common import padded

@@ -24,10 +24,10 @@ tiles, rows and the alignment are runtime values: one compiled kernel of each st
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMT, Shell
 
 from .common import STATUS_BAD_INDEX, STATUS_OVERFLOW, STATUS_WORDS, padded, row_bytes, tile_rows

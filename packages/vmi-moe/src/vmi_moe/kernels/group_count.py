@@ -23,10 +23,9 @@ table's row count and the token count are runtime values: one compiled sum per `
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.kernel import kernel
 from vmi_core.tl.formats import f32_const
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.simd import keep
 

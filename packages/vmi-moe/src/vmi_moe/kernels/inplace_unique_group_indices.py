@@ -19,10 +19,10 @@ gathered and scattered in UB). One compiled kernel per ``K``.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Pred, keep, select
 

@@ -24,10 +24,10 @@ and the token count are runtime values: one compiled kernel per ``(K, id dtype)`
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMT, Shell
 
 from .common import STATUS_BAD_INDEX, STATUS_WORDS, kernel_rows, padded, row_bytes, row_chunks, tile_rows

@@ -35,13 +35,13 @@ values; everything that changes the body (sizes, options, flavor) is in the spec
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl import formats as F
 from vmi_core.tl.formats import f32_const
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.simd import LaneVar
 from vmi_core.tl.stochastic import sr_mix, sr_word

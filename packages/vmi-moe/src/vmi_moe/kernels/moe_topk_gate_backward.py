@@ -29,12 +29,12 @@ token count, the sequence count and the tokens per sequence are runtime values.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import f32_const
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LaneVar, select
 from vmi_moe.tl.softplus import sqrt_softplus_backward

@@ -17,11 +17,10 @@ flavor's summation order. The row count is a runtime value: one compiled kernel 
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl.formats import f32_const
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import keep
 

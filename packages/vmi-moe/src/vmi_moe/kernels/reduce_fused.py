@@ -29,13 +29,13 @@ region boundary orders them). On cpu the row ranges of tokens go to threads
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.formats import f32_const
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.simd import fma
 

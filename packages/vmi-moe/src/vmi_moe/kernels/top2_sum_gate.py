@@ -36,13 +36,13 @@ row, so the only barriers are between the three passes. The token count, the log
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl.elementary import exp
 from vmi_core.tl.formats import f32_const
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMT, Shell
 from vmi_core.tl.simd import LaneVar
 from vmi_core.tl.vector import RowAt

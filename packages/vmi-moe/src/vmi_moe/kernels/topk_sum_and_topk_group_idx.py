@@ -19,11 +19,11 @@ tokens. The token count is a runtime value: one compiled kernel per ``(G, P, S, 
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, cast, keep, select
 

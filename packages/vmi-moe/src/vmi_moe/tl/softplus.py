@@ -36,11 +36,10 @@ The torch twins live in ``vmi_moe.softplus``.
 
 from __future__ import annotations
 
-import tilelang.language as T
-
 from vmi_core.targets import get_flavor
 from vmi_core.tl.elementary import exp, log1p
 from vmi_core.tl.formats import f32_const
+from vmi_core.tl.lazy import T
 from vmi_core.tl.simd import fma, maximum
 
 SQRT_LN2 = 0.8325546383857727

@@ -30,12 +30,11 @@ words step 3 writes. Step 3, the bulk of the bytes, is explicit vector code (a S
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
-from tvm import tirx
 
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T, tirx
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import cast
 

@@ -22,11 +22,10 @@ chunk the quad index it starts at, the stochastic-rounding counter, mod 2^32.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, Vec, bitcast
 from vmi_core.tl.stochastic import sr_mix, sr_random16_at, stochastic_round

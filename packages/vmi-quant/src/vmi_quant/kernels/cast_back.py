@@ -22,12 +22,12 @@ in the SIMT region otherwise (FP4 nibbles, other block widths).
 import math
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.vector import decode
 from vmi_quant.sf_layout import SFLayout

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-import tilelang.language as T
 
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.simd import cast, keep, maximum, select, widen
 from vmi_core.tl.stochastic import sr_mix, sr_random16, stochastic_round
 from vmi_quant.sf_layout import SFLayout, sf_address

@@ -28,7 +28,6 @@ On Ascend the row and column phases run as explicit vector code (SIMD regions); 
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.cpu_parallel import launch_rows
@@ -36,6 +35,7 @@ from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.targets import get_flavor
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import LANES, LaneVar, Vec, select
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store

@@ -26,13 +26,13 @@ SF and Mega MoE scatters run in a SIMT region (computed addresses).
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.cpu_parallel import launch_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.rstd import rstd
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, Vec, keep, select, simd

@@ -20,11 +20,10 @@ the SF read or written at computed addresses runs in a SIMT region.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.vector import decode
 from vmi_quant.sf_layout import SFLayout, sf_address

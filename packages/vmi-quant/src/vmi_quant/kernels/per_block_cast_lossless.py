@@ -22,12 +22,12 @@ and step 3 as explicit vector code (a SIMD region, ``vmi_core.tl.vector``).
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.cpu_parallel import run_rows
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.vector import decode
 from vmi_quant.sf_layout import SFLayout, sf_address

@@ -22,12 +22,12 @@ input-SF gather and the packed-SF store run in SIMT regions (computed addresses)
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, maximum
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store

@@ -23,13 +23,13 @@ the SF gathers and scatters at computed addresses and quantized inputs run in SI
 import math
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, Vec, bitcast, keep, select
 from vmi_core.tl.stochastic import sr_mix, sr_random16_at, stochastic_round

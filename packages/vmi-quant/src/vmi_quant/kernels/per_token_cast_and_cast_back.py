@@ -17,12 +17,11 @@ Phases 2-4 run as explicit vector code on Ascend (one SIMD region, ``vmi_core.tl
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.cpu_parallel import MIN_ROWS_PER_THREAD, fold_rows
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, Shell
 from vmi_core.tl.simd import select
 from vmi_core.tl.vector import decode

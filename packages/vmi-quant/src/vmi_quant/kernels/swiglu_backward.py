@@ -27,14 +27,13 @@ memory at computed addresses (``psum`` entries, weights, scales, SF words of any
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
-from tvm import tirx
 
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.elementary import exp
+from vmi_core.tl.lazy import T, tirx
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, fma, keep, select
 from vmi_core.tl.vector import decode

@@ -25,13 +25,13 @@ a SIMT region.
 
 from dataclasses import dataclass
 
-import tilelang.language as T
 import torch
 
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.targets import lowering_target
 from vmi_core.tl import formats as F
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import keep, select
 from vmi_core.tl.vector import decode

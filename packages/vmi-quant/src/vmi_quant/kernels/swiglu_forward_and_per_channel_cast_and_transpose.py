@@ -22,12 +22,11 @@ transpose, phase 4 writes its codes at transposed positions and runs in a SIMT r
 
 from dataclasses import dataclass
 
-import tilelang.language as T
-
 from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.elementary import exp
+from vmi_core.tl.lazy import T
 from vmi_core.tl.shell import SIMD, SIMT, Shell
 from vmi_core.tl.simd import LANES, LaneVar, keep, maximum
 from vmi_core.tl.vector import ChunkAt, ElementAt, decode, phase_barrier, store
