@@ -180,6 +180,22 @@ class Shell:
                 return _full_or_edge_copy(*view, dst if to_tile else src, src, dst, to_tile)
         return self.T.copy(src, dst)
 
+    def elementwise_stream(self, src_at, x, value, o, dst_at):
+        """The tile at ``dst_at`` = ``value(tile, at)`` of the tile at ``src_at``, element-wise over
+        1-D tiles the shape of ``x``: the source copied into the tile ``x``, the values computed into
+        the tile ``o`` (in a SIMD region on Ascend) and copied out.
+
+        On cpu a tile wholly inside both buffers skips the tiles: ``value`` reads the source's window
+        and writes the destination's, one pass over the data as torch's element-wise ops make
+        (through the tiles, two more passes copy what is used once); edge tiles take the tiles.
+        """
+        if self.is_cpu:
+            src_view, dst_view = _tile_view(src_at, x), _tile_view(o, dst_at)
+            if src_view is not None and dst_view is not None and len(x.shape) == 1:
+                return _stream_or_tiles(tirx.all(src_view[0], dst_view[0]), src_view[1:], dst_view[1:],
+                                        src_at, x, value, o, dst_at)
+        return _through_tiles(self, src_at, x, value, o, dst_at)
+
     def exp(self, shape, src, dst):
         """``dst = e^src`` over a ``(rows, cols)`` tile domain, correctly rounded, as a phase of its
         own (outside vector regions; ``src`` and ``dst`` distinct). On cpu two vectorized passes
@@ -226,6 +242,29 @@ def _tile_view(src, dst):
                                 strides=strides[lead:], elem_offset=base)
 
     return inside, offset, window
+
+
+@TL.macro
+def _through_tiles(shell, src_at, x, value, o, dst_at):
+    shell.copy(src_at, x)
+    with shell.vector(SIMD):
+        shell.elementwise(x.shape, lambda at: value(x, at), o)
+    shell.copy(o, dst_at)
+
+
+@TL.macro
+def _stream_or_tiles(inside, src_view, dst_view, src_at, x, value, o, dst_at):
+    # The windows' offsets are scalars of their own, as in _full_or_edge_copy.
+    if inside:
+        src_base = TL.alloc_var(getattr(src_view[0], "dtype", "int32"))
+        src_base = src_view[0]
+        dst_base = TL.alloc_var(getattr(dst_view[0], "dtype", "int32"))
+        dst_base = dst_view[0]
+        V.elementwise(False, x.shape, lambda at: value(src_view[1](src_base), at), dst_view[1](dst_base))
+    else:
+        TL.copy(src_at, x)
+        V.elementwise(False, x.shape, lambda at: value(x, at), o)
+        TL.copy(o, dst_at)
 
 
 @TL.macro

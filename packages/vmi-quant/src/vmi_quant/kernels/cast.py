@@ -128,10 +128,6 @@ def build_cast(spec: CastSpec, target: str):
                                wide_bits(x, 4 * qd + 3), quad0 + T.Cast("uint32", qd))
 
     @T.macro
-    def convert(x, o):
-        sh.elementwise((BLOCK,), lambda at: converted(x, at), o)
-
-    @T.macro
     def convert_stochastic(x, h, o):
         sh.elementwise((BLOCK,), lambda at: rounded(x, h, at), o)
 
@@ -149,18 +145,18 @@ def build_cast(spec: CastSpec, target: str):
                     sh.copy(x, OUT[t0])
                 else:
                     o = sh.tile((BLOCK,), out_dtype)
-                    h = sh.lane_table(BLOCK // 4, "uint32") if spec.stochastic else None
                     sh.buffer_versions({x: 2, o: 2})
-                    sh.copy(X[t0], x)
-                    with sh.vector(SIMD):
-                        if spec.stochastic:
+                    if spec.stochastic:
+                        h = sh.lane_table(BLOCK // 4, "uint32")
+                        sh.copy(X[t0], x)
+                        with sh.vector(SIMD):
                             quad0 = T.alloc_var("uint32")
                             quad0 = T.Cast("uint32", quad_base) + T.Cast("uint32", t * (BLOCK // 4))
                             hash_quads(x, h, quad0)
                             convert_stochastic(x, h, o)
-                        else:
-                            convert(x, o)
-                    sh.copy(o, OUT[t0])
+                        sh.copy(o, OUT[t0])
+                    else:
+                        sh.elementwise_stream(X[t0], x, converted, o, OUT[t0])
 
     if spec.stochastic:
         @TK.prim_func
