@@ -180,21 +180,25 @@ class Shell:
                 return _full_or_edge_copy(*view, dst if to_tile else src, src, dst, to_tile)
         return self.T.copy(src, dst)
 
-    def elementwise_stream(self, src_at, x, value, o, dst_at):
-        """The tile at ``dst_at`` = ``value(tile, at)`` of the tile at ``src_at``, element-wise over
-        1-D tiles the shape of ``x``: the source copied into the tile ``x``, the values computed into
-        the tile ``o`` (in a SIMD region on Ascend) and copied out.
+    def elementwise_stream(self, sources, value, outputs):
+        """An element-wise phase between global buffers: ``sources`` are ``(position, tile)`` pairs
+        copied into their tiles, ``outputs`` ``(tile, position)`` pairs copied out of theirs, and
+        ``value(*source_tiles, at)`` gives one lane value per output (a tuple for several), computed
+        over the first output tile's shape (in a SIMD region on Ascend).
 
-        On cpu a tile wholly inside both buffers skips the tiles: ``value`` reads the source's window
-        and writes the destination's, one pass over the data as torch's element-wise ops make
-        (through the tiles, two more passes copy what is used once); edge tiles take the tiles.
+        On cpu a tile wholly inside every buffer skips the tiles: ``value`` reads the sources'
+        windows and writes the outputs', one pass over the data as torch's element-wise ops make
+        (through the tiles, more passes copy what is used once); edge tiles take the tiles.
         """
+        tiles = [tile for _, tile in sources]
+        outs = [tile for tile, _ in outputs]
+        shape = outs[0].shape
         if self.is_cpu:
-            src_view, dst_view = _tile_view(src_at, x), _tile_view(o, dst_at)
-            if src_view is not None and dst_view is not None and len(x.shape) == 1:
-                return _stream_or_tiles(tirx.all(src_view[0], dst_view[0]), src_view[1:], dst_view[1:],
-                                        src_at, x, value, o, dst_at)
-        return _through_tiles(self, src_at, x, value, o, dst_at)
+            views = [_tile_view(at, tile) for at, tile in sources] + [_tile_view(tile, at) for tile, at in outputs]
+            if all(view is not None for view in views):
+                return _stream_or_tiles(tirx.all(*[view[0] for view in views]), [view[1] for view in views],
+                                        [view[2] for view in views], sources, value, outputs, shape)
+        return _through_tiles(self, sources, value, outputs, shape, tiles, outs)
 
     def exp(self, shape, src, dst):
         """``dst = e^src`` over a ``(rows, cols)`` tile domain, correctly rounded, as a phase of its
@@ -244,27 +248,39 @@ def _tile_view(src, dst):
     return inside, offset, window
 
 
+# In the two macros below, the loops go over Python lists by index: TileLang's builder names a
+# buffer after a variable it is bound to, and makes a bound expression a let binding.
+
 @TL.macro
-def _through_tiles(shell, src_at, x, value, o, dst_at):
-    shell.copy(src_at, x)
+def _through_tiles(shell, sources, value, outputs, shape, tiles, outs):
+    for k in _indices(sources):
+        shell.copy(sources[k][0], sources[k][1])
     with shell.vector(SIMD):
-        shell.elementwise(x.shape, lambda at: value(x, at), o)
-    shell.copy(o, dst_at)
+        shell.elementwise(shape, lambda at: value(*tiles, at), outs)
+    for k in _indices(outputs):
+        shell.copy(outputs[k][0], outputs[k][1])
 
 
 @TL.macro
-def _stream_or_tiles(inside, src_view, dst_view, src_at, x, value, o, dst_at):
+def _stream_or_tiles(inside, offsets, windows, sources, value, outputs, shape):
     # The windows' offsets are scalars of their own, as in _full_or_edge_copy.
     if inside:
-        src_base = TL.alloc_var(getattr(src_view[0], "dtype", "int32"))
-        src_base = src_view[0]
-        dst_base = TL.alloc_var(getattr(dst_view[0], "dtype", "int32"))
-        dst_base = dst_view[0]
-        V.elementwise(False, x.shape, lambda at: value(src_view[1](src_base), at), dst_view[1](dst_base))
+        bases = TL.alloc_local((len(offsets),), "int64")
+        for k in _indices(offsets):
+            bases[k] = offsets[k]
+        V.elementwise(False, shape, lambda at: value(*[windows[k](bases[k]) for k in _indices(sources)], at),
+                      [windows[len(sources) + k](bases[len(sources) + k]) for k in _indices(outputs)])
     else:
-        TL.copy(src_at, x)
-        V.elementwise(False, x.shape, lambda at: value(x, at), o)
-        TL.copy(o, dst_at)
+        for k in _indices(sources):
+            TL.copy(sources[k][0], sources[k][1])
+        V.elementwise(False, shape, lambda at: value(*[pair[1] for pair in sources], at),
+                      [pair[0] for pair in outputs])
+        for k in _indices(outputs):
+            TL.copy(outputs[k][0], outputs[k][1])
+
+
+def _indices(items) -> list[int]:
+    return list(range(len(items)))
 
 
 @TL.macro

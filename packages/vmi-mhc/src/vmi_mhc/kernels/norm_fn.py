@@ -98,10 +98,6 @@ def build_merge_fwd(spec: MergeSpec, target: str):
     KC = TK.dynamic("KC")
     ld = TK.dynamic("ld")
 
-    @T.macro
-    def merge(fn, nw, out):
-        sh.elementwise((M, BK), lambda at: at.load(fn) * column_value(nw, at), out)
-
     @TK.prim_func
     def fn_normw_merge_fwd_kernel(FN: TK.StridedTensor((M, KC), (ld, 1), "float32"),
                                   NW: TK.Tensor((KC,), "float32"),
@@ -114,11 +110,8 @@ def build_merge_fwd(spec: MergeSpec, target: str):
                 nw = sh.tile((BK,), "float32")
                 out = sh.tile((M, BK), "float32")
                 sh.buffer_versions({fn: 2, nw: 2, out: 2})
-                sh.copy(FN[0, k0], fn)
-                sh.copy(NW[k0], nw)
-                with sh.vector(SIMD):
-                    merge(fn, nw, out)
-                sh.copy(out, OUT[0, k0])
+                sh.elementwise_stream([(FN[0, k0], fn), (NW[k0], nw)],
+                                      lambda fn, nw, at: at.load(fn) * column_value(nw, at), [(out, OUT[0, k0])])
 
     return fn_normw_merge_fwd_kernel
 

@@ -156,7 +156,7 @@ def build_cast(spec: CastSpec, target: str):
                             convert_stochastic(x, h, o)
                         sh.copy(o, OUT[t0])
                     else:
-                        sh.elementwise_stream(X[t0], x, converted, o, OUT[t0])
+                        sh.elementwise_stream([(X[t0], x)], converted, [(o, OUT[t0])])
 
     if spec.stochastic:
         @TK.prim_func
