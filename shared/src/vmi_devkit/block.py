@@ -18,7 +18,7 @@ The block (one MoE sublayer between mHC's pre and post, then mHC's LM-head mix):
     expert down GEMM (torch stand-in): y = dequant(act) · W_down[e]^T
     reduce_fused: out[t] = Σ_k y[row of (t, k)], slots in order ─ layer_output (T, H) bf16
     mhc_post(layer_output, R, post_mix, comb_mix) ─ R' (T, n, H)
-    mhc_head(R') ─ (T, H) bf16;  loss = Σ head · probe
+    mhc_head(R') ─ (T, H) bf16;  loss = Σ head · probe + the sequence-level balance loss
 
 The routing weights multiply the SwiGLU output inside its kernel (TileKernels' ``topk_weights``),
 so the combine is a plain per-token sum of the weighted expert rows. Dispatch and combine are each
@@ -28,13 +28,26 @@ forward and straight-through backward: the gradient of the dequantized tensor is
 gradient of the tensor that was cast (the bf16 norm output; the SwiGLU activation, whose gradient
 ``swiglu_backward`` takes). ``Float64`` quantizes to E4M3 the same way (scales from its own amax),
 and takes the routing (which experts, a discrete choice) from the run it is compared with.
+
+The sequence-level balance loss (DeepSeek-V3's): per sequence ``α Σ_e f_e · P_e``, averaged over the
+sequences, ``f_e`` the expert's routing frequency (vmi-moe's ``aux_fi``: ``count · E / (L · K)``) and
+``P_e`` the sequence's mean of ``u / Σ u``, which the gate returns summed per sequence (its
+``scores_sum``); its gradient goes through the gate's backward kernel (the auxiliary term).
+
+``run_block`` takes a placement: ``SingleProcess`` (every token and expert here), or the
+expert-parallel one of ``block_ep``, which gives a rank a range of the tokens and a share of the
+experts and replaces the expert section and the sums over tokens with their exchanges.
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +84,9 @@ class BlockConfig:
     sinkhorn_eps: float = 1e-6
     sinkhorn_repeat: int = 10
     n_splits: int = 16
+    # α of the balance loss: about a fifth of the logits' gradient here, where the task loss sums all
+    # T·H outputs, so that every comparison sees it (models use about 1e-4 against a per-token mean).
+    balance_alpha: float = 1024.0
 
     @property
     def num_tokens(self) -> int:
@@ -256,6 +272,18 @@ def _tensors(values) -> Iterator[torch.Tensor]:
             yield from _tensors(value)
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's garbage collector run, then paused for the block (as ``timeit`` times): a collection
+    inside a timed run would count against it."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 class _Untimed:
     @staticmethod
     def run(name, fn, *args):
@@ -266,10 +294,11 @@ class _Untimed:
 class BlockRun:
     """The results of one forward of the block (``loss.backward()`` runs its backward)."""
 
-    loss: torch.Tensor
+    loss: torch.Tensor           # the block's: the task loss summed over every rank's tokens, plus balance_loss
+    balance_loss: torch.Tensor
     head: torch.Tensor
     layer_output: torch.Tensor
-    topk_idx: torch.Tensor
+    topk_idx: torch.Tensor       # the gate's experts (physical where the placement maps them)
     topk_weights: torch.Tensor
     stages: dict[str, torch.Tensor]
 
@@ -359,12 +388,24 @@ class Kernels:
     def dequantize(quantized):
         return dequantize(*quantized)
 
-    def gate(self, logits, p: BlockParams, c: BlockConfig):
-        return vmi_moe.moe_topk_gate_autograd(logits, c.num_topk, False, 0, c.routed_scaling_factor, 0,
-                                              bias=p.gate_bias, **self._where())
+    def gate(self, logits, p: BlockParams, c: BlockConfig, num_sequences: int, ep_rank: int = 0,
+             replicas: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """``(topk_idx, logical_topk_idx, topk_weights, scores_sum)``: the experts (physical ones
+        with ``replicas``, the gate's ``(to_physical_map, logical_count)``), the logical ones, their
+        weights, and per run of ``T / num_sequences`` tokens the sum of ``u / Σ u``."""
+        to_physical_map, logical_count = replicas or (None, None)
+        logical = torch.empty(logits.shape[0], c.num_topk, dtype=torch.int64)
+        topk_idx, topk_weights, scores_sum = vmi_moe.moe_topk_gate_autograd(
+            logits, c.num_topk, False, 0, c.routed_scaling_factor, ep_rank, bias=p.gate_bias,
+            to_physical_map=to_physical_map, logical_count=logical_count, unmapped_topk_idx=logical,
+            num_sequences=num_sequences, **self._where())
+        return topk_idx, logical, topk_weights, scores_sum
 
-    def layout(self, topk_idx, c: BlockConfig) -> ExpertLayout:
-        return ExpertLayout.build(topk_idx, c.num_experts, token_alignment(), **self._where())
+    def count(self, ids, num_ids: int) -> torch.Tensor:
+        return vmi_moe.group_count(ids, num_ids, **self._where())
+
+    def layout(self, topk_idx, num_experts: int) -> ExpertLayout:
+        return ExpertLayout.build(topk_idx, num_experts, token_alignment(), **self._where())
 
     def dispatch(self, x, layout: ExpertLayout):
         return DispatchRows.apply(x, layout, self.target, self.flavor)
@@ -431,13 +472,20 @@ class Float64:
     def dequantize(quantized):
         return quantized
 
-    def gate(self, logits, p: BlockParams, c: BlockConfig):
-        chosen = torch.sqrt(torch.nn.functional.softplus(logits)).gather(1, self.routing)
-        return self.routing, chosen / (chosen.sum(dim=1, keepdim=True) + 1e-20) * c.routed_scaling_factor
+    def gate(self, logits, p: BlockParams, c: BlockConfig, num_sequences: int):
+        scores = torch.sqrt(torch.nn.functional.softplus(logits))
+        chosen = scores.gather(1, self.routing)
+        weights = chosen / (chosen.sum(dim=1, keepdim=True) + 1e-20) * c.routed_scaling_factor
+        shares = scores / scores.sum(dim=1, keepdim=True)
+        return self.routing, self.routing, weights, shares.reshape(num_sequences, -1, c.num_experts).sum(dim=1)
 
     @staticmethod
-    def layout(topk_idx, c: BlockConfig) -> ExpertLayout:
-        return ExpertLayout.build(topk_idx, c.num_experts, token_alignment(), "torch")
+    def count(ids, num_ids: int) -> torch.Tensor:
+        return vmi_moe.group_count(ids, num_ids, target="torch")
+
+    @staticmethod
+    def layout(topk_idx, num_experts: int) -> ExpertLayout:
+        return ExpertLayout.build(topk_idx, num_experts, token_alignment(), "torch")
 
     @staticmethod
     def dispatch(x, layout: ExpertLayout):
@@ -469,32 +517,97 @@ def token_alignment() -> int:
     return vmi_quant.get_token_alignment()
 
 
-def run_block(ops, p: BlockParams, c: BlockConfig, timer: StageTimer | None = None) -> BlockRun:
+def expert_frequencies(counts: torch.Tensor, c: BlockConfig) -> torch.Tensor:
+    """``f_e = fl(count_e · E) / fl(L · K)`` per sequence (fp32): vmi-moe's ``aux_fi`` of a sequence
+    from its counts (exact integer products, each rounded to fp32 once, one IEEE division), which
+    ranks holding parts of a sequence add up before dividing."""
+    return (counts.long() * c.num_experts).float() / float(c.sequence_length * c.num_topk)
+
+
+def balance_loss(scores_sum: torch.Tensor, counts: torch.Tensor, c: BlockConfig) -> torch.Tensor:
+    """``α / S · Σ_s Σ_e f_se · P_se``, ``P_se = scores_sum_se / L``: DeepSeek-V3's sequence-level
+    balance loss averaged over the ``S`` sequences; ``f`` (the routing's) is a constant."""
+    weights = expert_frequencies(counts, c) * (c.balance_alpha / c.num_tokens)
+    return (scores_sum * weights.to(scores_sum.dtype)).sum()
+
+
+def sequence_runs(tokens: range, sequence_length: int) -> tuple[int, torch.Tensor]:
+    """``(length, sequence)``: the gate sums its balance statistic over runs of ``length``
+    consecutive tokens (its ``num_sequences`` needs equal lengths): the longest that divides every
+    part of a sequence within ``tokens`` (a range of the batch's tokens); ``sequence``: each run's."""
+    cuts = sorted({tokens.start, tokens.stop, *range(-(-tokens.start // sequence_length) * sequence_length,
+                                                    tokens.stop, sequence_length)})
+    length = math.gcd(*(end - begin for begin, end in itertools.pairwise(cuts)))
+    return length, torch.arange(tokens.start, tokens.stop, length) // sequence_length
+
+
+class SingleProcess:
+    """The block's placement on one process: every token and every expert. A placement says which
+    tokens the process holds, how the gate maps experts, how a sum over every rank's share is taken,
+    and runs the expert section (``block_ep.ExpertParallel`` is the other)."""
+
+    gate_options: dict = {}  # ops.gate's keyword arguments
+
+    def tokens(self, c: BlockConfig) -> range:
+        return range(c.num_tokens)
+
+    @staticmethod
+    def sum_over_ranks(value: torch.Tensor) -> torch.Tensor:
+        return value
+
+    @staticmethod
+    def experts(ops, p: BlockParams, c: BlockConfig, t, normed, quantized, topk_idx, topk_weights):
+        """The expert section: dispatch into the fused layout, the experts, the combine: the layer output."""
+        layout = t.run("routing layout", ops.layout, topk_idx.detach(), c.num_experts)
+        rows = t.run("dispatch", lambda u, q: ops.dispatch(StraightThrough.apply(u, ops.dequantize(q)), layout),
+                     normed, quantized)
+        row_weights = t.run("dispatch", lambda w: ops.dispatch(w.reshape(-1, 1), layout.slots()).reshape(-1),
+                            topk_weights)
+        out_rows = expert_rows(ops, p, t, rows, row_weights, layout)
+        return t.run("combine", lambda y: ops.combine(y, layout).to(ops.activation_dtype), out_rows)
+
+
+def expert_rows(ops, p: BlockParams, t, rows, row_weights, layout: ExpertLayout) -> torch.Tensor:
+    """The experts of ``p.w_up``/``p.w_down`` on the rows of ``layout``: up GEMM, SwiGLU (which applies
+    the routing weights) + E4M3 cast, down GEMM; fp32 rows, padding 0."""
+    h = t.run("expert up GEMM (torch)", lambda r: expert_gemm(r, p.w_up, layout).to(ops.activation_dtype), rows)
+    act = t.run("SwiGLU + E4M3 cast", ops.swiglu, h, row_weights, layout)
+    return t.run("expert down GEMM (torch)", lambda a: expert_gemm(a, p.w_down, layout), act)
+
+
+def run_block(ops, p: BlockParams, c: BlockConfig, timer: StageTimer | None = None, placement=None) -> BlockRun:
     """One forward of the block with ``ops``'s stages (``Kernels`` or ``Float64``); ``p`` holds
-    the tensors of ``ops``'s dtypes (``BlockParams.fresh``)."""
+    the tensors of ``ops``'s dtypes (``BlockParams.fresh``) of the placement's tokens and experts
+    (default: ``SingleProcess``)."""
     t = timer or _Untimed()
-    act_dtype = ops.activation_dtype
+    placement = placement or SingleProcess()
     residual = t.run("expand_to_mhc", ops.expand, p.x, c)
     layer_input, (post_mix, comb_mix) = t.run("mhc_pre", ops.pre, residual, p, c)
     normed, quantized = t.run("RMSNorm + E4M3 cast", ops.norm_cast, layer_input, p, c)
     logits = t.run("gate GEMM (torch)", lambda u: u.to(p.gate_weight.dtype) @ p.gate_weight.t(), normed)
-    topk_idx, topk_weights = t.run("moe_topk_gate", ops.gate, logits, p, c)
-    layout = t.run("routing layout", ops.layout, topk_idx.detach(), c)
+    tokens = placement.tokens(c)
+    run_length, run_sequence = sequence_runs(tokens, c.sequence_length)
+    topk_idx, logical_idx, topk_weights, run_scores_sum = t.run(
+        "moe_topk_gate", lambda z: ops.gate(z, p, c, len(tokens) // run_length, **placement.gate_options), logits)
 
-    rows = t.run("dispatch", lambda u, q: ops.dispatch(StraightThrough.apply(u, ops.dequantize(q)), layout),
-                 normed, quantized)
-    h = t.run("expert up GEMM (torch)", lambda r: expert_gemm(r, p.w_up, layout).to(act_dtype), rows)
-    row_weights = t.run("dispatch", lambda w: ops.dispatch(w.reshape(-1, 1), layout.slots()).reshape(-1),
-                        topk_weights)
-    act = t.run("SwiGLU + E4M3 cast", ops.swiglu, h, row_weights, layout)
-    out_rows = t.run("expert down GEMM (torch)", lambda a: expert_gemm(a, p.w_down, layout), act)
-    layer_output = t.run("combine", lambda y: ops.combine(y, layout).to(act_dtype), out_rows)
+    # The balance statistics per sequence, each the sum over the ranks holding parts of it: the
+    # routing counts (one id per (sequence, expert)) and the sums of u / Σ u.
+    token_sequence = run_sequence.repeat_interleave(run_length)[:, None]
+    counts = t.run("balance statistics", lambda: placement.sum_over_ranks(ops.count(
+        logical_idx + c.num_experts * token_sequence, c.num_sequences * c.num_experts).view(c.num_sequences, -1)))
+    scores_sum = t.run("balance statistics", lambda s: placement.sum_over_ranks(
+        s.new_zeros(c.num_sequences, c.num_experts).index_add(0, run_sequence, s)), run_scores_sum)
+    balance = t.run("balance loss (torch)", balance_loss, scores_sum, counts, c)
+
+    layer_output = placement.experts(ops, p, c, t, normed, quantized, topk_idx, topk_weights)
     new_residual = t.run("mhc_post", ops.post, layer_output, residual, post_mix, comb_mix)
     head = t.run("mhc_head", ops.head, new_residual, p, c)
-    loss = t.run("loss (torch)", lambda y: (y.to(p.probe.dtype) * p.probe).sum(), head)
+    loss = t.run("loss (torch)", lambda y: placement.sum_over_ranks((y.to(p.probe.dtype) * p.probe).sum()) + balance,
+                 head)
     stages = {"residual": residual, "layer_input": layer_input, "post_mix": post_mix, "comb_mix": comb_mix,
-              "normed": normed, "logits": logits, "act": act, "new_residual": new_residual}
-    return BlockRun(loss, head, layer_output, topk_idx, topk_weights, stages)
+              "normed": normed, "logits": logits, "new_residual": new_residual,
+              "counts": counts, "scores_sum": scores_sum}
+    return BlockRun(loss, balance, head, layer_output, topk_idx, topk_weights, stages)
 
 
 def relative_error(value: torch.Tensor, exact: torch.Tensor) -> float:
