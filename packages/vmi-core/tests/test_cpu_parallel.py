@@ -55,19 +55,21 @@ def test_row_ranges_regressions():
     assert row_ranges(0, 1, 32, 0) == [(0, 0)]
 
 
-def test_cpu_threads_env(monkeypatch):
-    monkeypatch.setenv(THREADS_ENV, "3")
+def test_cpu_threads_env(vmi_env):
+    vmi_env.setenv(THREADS_ENV, "3")
     assert cpu_threads() == 3
-    monkeypatch.setenv(THREADS_ENV, "0")
+    vmi_env.setenv(THREADS_ENV, "0")
     assert cpu_threads() == 1
-    monkeypatch.delenv(THREADS_ENV)
+    vmi_env.delenv(THREADS_ENV)
     assert cpu_threads() >= 1
+    with pytest.raises(ValueError, match="VMI_CPU_THREADS must be an integer, got 'many'"):
+        vmi_env.setenv(THREADS_ENV, "many")
 
 
 @pytest.mark.parametrize("num_rows,align,min_rows", [(0, 1, 1), (5, 1, 256), (1000, 1, 100), (1000, 32, 64),
                                                      (4097, 128, 256)])
-def test_run_rows_calls_every_range(monkeypatch, num_rows, align, min_rows):
-    monkeypatch.setenv(THREADS_ENV, "4")
+def test_run_rows_calls_every_range(vmi_env, num_rows, align, min_rows):
+    vmi_env.setenv(THREADS_ENV, "4")
     calls = []
     lock = threading.Lock()
 
@@ -82,8 +84,8 @@ def test_run_rows_calls_every_range(monkeypatch, num_rows, align, min_rows):
         assert calls[0][2] == threading.current_thread().name
 
 
-def test_run_rows_propagates_errors(monkeypatch):
-    monkeypatch.setenv(THREADS_ENV, "4")
+def test_run_rows_propagates_errors(vmi_env):
+    vmi_env.setenv(THREADS_ENV, "4")
 
     def run(start, stop):
         if start > 0:
@@ -93,9 +95,9 @@ def test_run_rows_propagates_errors(monkeypatch):
         run_rows(run, 4096, min_rows=256)
 
 
-def test_run_rows_writes_disjoint_rows(monkeypatch):
+def test_run_rows_writes_disjoint_rows(vmi_env):
     """Every row is written exactly once (the ranges a kernel gets are disjoint)."""
-    monkeypatch.setenv(THREADS_ENV, "8")
+    vmi_env.setenv(THREADS_ENV, "8")
     counts = [0] * 3000
 
     def run(start, stop):
@@ -124,8 +126,8 @@ def test_fold_rows_refuses_what_does_not_split():
 
 
 @pytest.mark.parametrize("min_rows,expected", [(100, [(0, 100)]), (25, [(0, 25), (25, 50), (50, 75), (75, 100)])])
-def test_launch_rows_honours_min_rows_on_cpu(monkeypatch, min_rows, expected):
-    monkeypatch.setenv(THREADS_ENV, "4")
+def test_launch_rows_honours_min_rows_on_cpu(vmi_env, min_rows, expected):
+    vmi_env.setenv(THREADS_ENV, "4")
     calls = []
     lock = threading.Lock()
 

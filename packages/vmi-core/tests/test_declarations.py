@@ -30,13 +30,13 @@ def test_parallel_entry_has_the_public_signature_and_calls_it():
     assert torch.equal(out, x * 3) and (target, flavor) == ("cpu", "cuda")
 
 
-def test_parallel_entry_refuses_the_reference(monkeypatch):
+def test_parallel_entry_refuses_the_reference(vmi_env):
     x = torch.ones(3)
     with pytest.raises(ValueError, match="scale_parallel always runs the kernel"):
         scale_parallel(x, target="torch")
     with pytest.raises(ValueError, match="scale_parallel always runs the kernel"):
         scale_parallel(torch.ones(3, device="meta"))
-    monkeypatch.setenv("VMI_TARGET", "torch")
+    vmi_env.setenv("VMI_TARGET", "torch")
     with pytest.raises(ValueError, match="scale_parallel always runs the kernel"):
         scale_parallel(x)
 

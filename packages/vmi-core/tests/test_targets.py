@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vmi_core import refresh_environment
 from vmi_core.targets import (
     ASCEND,
     CUDA,
@@ -20,9 +21,9 @@ from vmi_core.targets import (
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    monkeypatch.delenv(TARGET_ENV, raising=False)
-    monkeypatch.delenv(FLAVOR_ENV, raising=False)
+def _clean_env(vmi_env):
+    vmi_env.delenv(TARGET_ENV, raising=False)
+    vmi_env.delenv(FLAVOR_ENV, raising=False)
 
 
 CPU_TENSOR = torch.zeros(2)
@@ -36,18 +37,26 @@ class TestResolveTarget:
         assert resolve_target(CPU_TENSOR, "cpu") == "cpu"
         assert resolve_target(CPU_TENSOR, "torch") == "torch"
 
-    def test_env(self, monkeypatch):
-        monkeypatch.setenv(TARGET_ENV, "torch")
+    def test_env(self, vmi_env):
+        vmi_env.setenv(TARGET_ENV, "torch")
         assert resolve_target(CPU_TENSOR) == "torch"
-        monkeypatch.setenv(TARGET_ENV, "cpu")
+        vmi_env.setenv(TARGET_ENV, "cpu")
         assert resolve_target(CPU_TENSOR) == "cpu"
 
-    def test_argument_beats_env(self, monkeypatch):
-        monkeypatch.setenv(TARGET_ENV, "torch")
+    def test_argument_beats_env(self, vmi_env):
+        vmi_env.setenv(TARGET_ENV, "torch")
         assert resolve_target(CPU_TENSOR, "cpu") == "cpu"
 
-    def test_empty_env_means_unset(self, monkeypatch):
-        monkeypatch.setenv(TARGET_ENV, "")
+    def test_env_is_read_once_until_refreshed(self, monkeypatch):
+        # The autouse _clean_env's vmi_env, set up before this monkeypatch, refreshes after it restores.
+        monkeypatch.setenv(TARGET_ENV, "torch")
+        monkeypatch.setenv(FLAVOR_ENV, "cuda")
+        assert (resolve_target(CPU_TENSOR), resolve_flavor("cpu")) == ("cpu", ASCEND)
+        refresh_environment()
+        assert (resolve_target(CPU_TENSOR), resolve_flavor("cpu")) == ("torch", CUDA)
+
+    def test_empty_env_means_unset(self, vmi_env):
+        vmi_env.setenv(TARGET_ENV, "")
         assert resolve_target(CPU_TENSOR) == "cpu"
 
     # ``name``, not ``target``: a ``target`` parameter says where a test runs kernels (vmi-devkit's plugin).
@@ -57,16 +66,16 @@ class TestResolveTarget:
         with pytest.raises(ValueError, match=message):
             resolve_target(CPU_TENSOR, name)
 
-    def test_env_mismatch_names_target(self, monkeypatch):
-        monkeypatch.setenv(TARGET_ENV, "ascend")
+    def test_env_mismatch_names_target(self, vmi_env):
+        vmi_env.setenv(TARGET_ENV, "ascend")
         with pytest.raises(ValueError, match="target 'ascend'"):
             resolve_target(CPU_TENSOR)
 
     @pytest.mark.parametrize("bad", ["rocm", "CPU", "c"])
-    def test_unknown_target(self, bad, monkeypatch):
+    def test_unknown_target(self, bad, vmi_env):
         with pytest.raises(ValueError, match=f"got '{bad}'"):
             resolve_target(CPU_TENSOR, bad)
-        monkeypatch.setenv(TARGET_ENV, bad)
+        vmi_env.setenv(TARGET_ENV, bad)
         with pytest.raises(ValueError, match=f"got '{bad}'"):
             resolve_target(CPU_TENSOR)
 
@@ -90,8 +99,8 @@ class TestResolveFlavor:
         assert resolve_flavor("cpu") is ASCEND
         assert resolve_flavor("torch") is ASCEND
 
-    def test_cpu_env(self, monkeypatch):
-        monkeypatch.setenv(FLAVOR_ENV, "cuda")
+    def test_cpu_env(self, vmi_env):
+        vmi_env.setenv(FLAVOR_ENV, "cuda")
         assert resolve_flavor("cpu") is CUDA
         assert resolve_flavor("torch") is CUDA
         assert resolve_flavor("cpu", "ascend") is ASCEND  # the argument wins
@@ -101,18 +110,18 @@ class TestResolveFlavor:
         assert resolve_flavor("cpu", CUDA) is CUDA
 
     @pytest.mark.parametrize("name,own", [("ascend", ASCEND), ("cuda", CUDA)])
-    def test_device_targets_use_their_own(self, name, own, monkeypatch):
+    def test_device_targets_use_their_own(self, name, own, vmi_env):
         assert resolve_flavor(name) is own
         assert resolve_flavor(name, own.name) is own
         assert resolve_flavor(name, own) is own
         other = CUDA if own is ASCEND else ASCEND
-        monkeypatch.setenv(FLAVOR_ENV, other.name)
+        vmi_env.setenv(FLAVOR_ENV, other.name)
         assert resolve_flavor(name) is own  # the environment only applies to cpu/torch
         with pytest.raises(ValueError, match=f"flavor '{other.name}' is not available on target '{name}'"):
             resolve_flavor(name, other.name)
 
-    def test_bad_env_flavor(self, monkeypatch):
-        monkeypatch.setenv(FLAVOR_ENV, "rocm")
+    def test_bad_env_flavor(self, vmi_env):
+        vmi_env.setenv(FLAVOR_ENV, "rocm")
         with pytest.raises(ValueError, match="got 'rocm'"):
             resolve_flavor("cpu")
 
@@ -144,20 +153,20 @@ class TestFlavor:
 
 class TestRequireKernel:
     @pytest.mark.parametrize("x", [CPU_TENSOR, (CPU_TENSOR, CPU_TENSOR)], ids=["tensor", "pair"])
-    def test_refuses_the_reference(self, x, monkeypatch):
+    def test_refuses_the_reference(self, x, vmi_env):
         require_kernel("op_parallel", x, "cpu")
         with pytest.raises(ValueError, match="op_parallel always runs the kernel"):
             require_kernel("op_parallel", x, "torch")
-        monkeypatch.setenv(TARGET_ENV, "torch")
+        vmi_env.setenv(TARGET_ENV, "torch")
         with pytest.raises(ValueError, match="op_parallel always runs the kernel"):
             require_kernel("op_parallel", x, None)
 
     @pytest.mark.parametrize("x", [None, (), [1, 2]])
-    def test_without_a_tensor_only_the_asked_reference_is_refused(self, x, monkeypatch):
+    def test_without_a_tensor_only_the_asked_reference_is_refused(self, x, vmi_env):
         require_kernel("op_parallel", x, "cpu")
         require_kernel("op_parallel", x, None)
         with pytest.raises(ValueError, match="op_parallel always runs the kernel"):
             require_kernel("op_parallel", x, "torch")
-        monkeypatch.setenv(TARGET_ENV, "torch")
+        vmi_env.setenv(TARGET_ENV, "torch")
         with pytest.raises(ValueError, match="op_parallel always runs the kernel"):
             require_kernel("op_parallel", x, None)

@@ -200,13 +200,13 @@ def test_flavors_differ_in_subnormal_quotients():
 
 
 @pytest.mark.slow
-def test_every_thread_count_gives_the_same_bits(monkeypatch):
+def test_every_thread_count_gives_the_same_bits(vmi_env):
     # The partial rows depend on T and P only: one thread and four threads (rows split across
     # them) agree, and equal the reference.
     inputs = make_inputs(3000, 11)
     want = reference_backward(inputs, 9, "ascend")
     for threads in ("1", "4"):
-        monkeypatch.setenv("VMI_CPU_THREADS", threads)
+        vmi_env.setenv("VMI_CPU_THREADS", threads)
         for name, a, b in zip(BWD_NAMES, backward(inputs, 9, None, "ascend"), want, strict=True):
             assert_bitwise_equal(a, b, f"{name} [{threads} threads]")
 

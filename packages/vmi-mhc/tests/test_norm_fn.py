@@ -201,13 +201,13 @@ def test_reduce_many_tokens_on_ascend_sim():
     check_reduce("ascend", 4 * 7168, tokens=(4096 + 37,), splits=(1,), target="ascend-sim")
 
 
-def test_every_thread_count_gives_the_same_bits(monkeypatch):
+def test_every_thread_count_gives_the_same_bits(vmi_env):
     # Token blocks (reduce) and column blocks (merge) split across threads: same bits.
     partials, sqrsums = reduce_inputs(2, 1000, N3, K_DEFAULT, 5)
     inputs = merge_inputs(N3, 5000, 5)
     results = []
     for threads in ("1", "3"):
-        monkeypatch.setenv("VMI_CPU_THREADS", threads)
+        vmi_env.setenv("VMI_CPU_THREADS", threads)
         fwd = run_reduce_fwd(partials, sqrsums, K_DEFAULT)
         bwd = run_reduce_bwd(partials[0, :, 0], fwd[0], fwd[1], K_DEFAULT)
         grads = mhc_fn_normw_merge_bwd(inputs["fn"], inputs["normw"], inputs["out_fn_grad"],

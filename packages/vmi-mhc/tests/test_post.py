@@ -122,14 +122,14 @@ def test_ascend_sim_hidden_sizes(hidden):
     check_backward(hidden, ((1, 3), (1, 67)), target="ascend-sim")
 
 
-def test_every_thread_count_gives_the_same_bits(monkeypatch):
+def test_every_thread_count_gives_the_same_bits(vmi_env):
     # A token's H-sums are made by one worker in a fixed lane order: one thread and two threads
     # (tokens split across them) give the reference's bits.
     inputs = make_inputs(1, 70, HIDDEN, 40)
     d_o = d_o_like(inputs, 40)
     want = reference.mhc_post_bwd(**inputs, d_o=d_o)
     for threads in ("1", "2"):
-        monkeypatch.setenv("VMI_CPU_THREADS", threads)
+        vmi_env.setenv("VMI_CPU_THREADS", threads)
         for name, a, b in zip(BACKWARD_NAMES, mhc_post_bwd(**inputs, d_o=d_o), want, strict=True):
             assert_bitwise_equal(a, b, f"{name} [{threads} threads]")
 

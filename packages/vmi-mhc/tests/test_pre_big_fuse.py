@@ -169,11 +169,11 @@ def test_error_against_float64(flavor: str) -> None:
     assert (error <= 2.0 ** -8 * exact[2].abs() + (1 + 2.0 ** -8) * mixed_bound).all()
 
 
-def test_every_thread_count_gives_the_same_bits(monkeypatch) -> None:
+def test_every_thread_count_gives_the_same_bits(vmi_env) -> None:
     inputs = make_inputs(130, HIDDEN, 16, 7)
     want = fused(inputs, "cpu", "ascend")
     for threads in ("1", "3"):
-        monkeypatch.setenv(THREADS_ENV, threads)
+        vmi_env.setenv(THREADS_ENV, threads)
         for name, got, wanted in zip(NAMES, fused(inputs, "cpu", "ascend"), want, strict=True):
             assert_bitwise_equal(got, wanted, f"{name} [{threads} threads]")
 

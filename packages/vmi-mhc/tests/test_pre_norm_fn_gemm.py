@@ -247,11 +247,11 @@ def test_ascend_sim_under_every_schedule(schedule):
             check_backward_on_sim(num_tokens, 30 + seed)
 
 
-def test_every_thread_count_gives_the_same_bits(monkeypatch):
+def test_every_thread_count_gives_the_same_bits(vmi_env):
     inputs = backward_inputs(300, K_DEFAULT, MIX, 11)
     results = []
     for threads in ("1", "3"):
-        monkeypatch.setenv("VMI_CPU_THREADS", threads)
+        vmi_env.setenv("VMI_CPU_THREADS", threads)
         results.append((mhc_pre_norm_fn_gemm_fwd(inputs["x"], inputs["fn"], n_splits=SPLITS, target="cpu"),
                         mhc_pre_norm_fn_gemm_bwd(**{**inputs, "x_grad": inputs["x_grad"].clone()}, target="cpu")))
     for a, b in zip(*results, strict=True):

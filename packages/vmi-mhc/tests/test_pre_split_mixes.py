@@ -138,7 +138,7 @@ def test_flavors_differ_in_subnormal_quotients():
     assert (grads[0][::97, 1] == 0).all() and (grads[1][::97, 1] != 0).all()
 
 
-def test_every_thread_count_gives_the_same_bits(monkeypatch):
+def test_every_thread_count_gives_the_same_bits(vmi_env):
     # The parameter gradients' order depends on T only (tiles of 64 tokens): one thread and four
     # threads (tiles split across them) agree, and equal the reference.
     inputs = make_inputs(3000, 11)
@@ -146,7 +146,7 @@ def test_every_thread_count_gives_the_same_bits(monkeypatch):
                                               POST_MULT, PRE_EPS)[1]
     want = reference_backward(inputs, want_post, "ascend")
     for threads in ("1", "4"):
-        monkeypatch.setenv("VMI_CPU_THREADS", threads)
+        vmi_env.setenv("VMI_CPU_THREADS", threads)
         got = backward(inputs, want_post, None, "ascend")
         for name, a, b in zip(BWD_NAMES, got, want, strict=True):
             assert_bitwise_equal(a, b, f"{name} [{threads} threads]")

@@ -215,13 +215,13 @@ def test_nonfinite_values(flavor: str, target: str) -> None:
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_rows_split_over_threads(flavor: str, monkeypatch) -> None:
-    monkeypatch.setenv(THREADS_ENV, "3")
+def test_rows_split_over_threads(flavor: str, vmi_env) -> None:
+    vmi_env.setenv(THREADS_ENV, "3")
     num_tokens = 700
     assert len(row_ranges(num_tokens, 3, BLOCK_T, 32)) >= 2
     logits, grad = matrices(num_tokens, 5)
     out, grad_input = check_against_reference(logits, grad, 10, 1e-6, flavor, "cpu", "split")
-    monkeypatch.setenv(THREADS_ENV, "1")
+    vmi_env.setenv(THREADS_ENV, "1")
     one_out, one_grad = run_both(logits, grad, 10, 1e-6, flavor, "cpu")
     assert_bitwise_equal(one_out, out, "one thread forward")
     assert_bitwise_equal(one_grad, grad_input, "one thread backward")

@@ -207,15 +207,15 @@ def test_with_sf_column_major_padding_rows_are_zero() -> None:
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_rows_split_over_threads(flavor: str, monkeypatch) -> None:
-    monkeypatch.setenv(THREADS_ENV, "3")
+def test_rows_split_over_threads(flavor: str, vmi_env) -> None:
+    vmi_env.setenv(THREADS_ENV, "3")
     pos, pte = mapping(300, 8)
     assert len(row_ranges(pte.shape[0], 3, BLOCK_M, 32)) >= 2
     x = data(300, 48, torch.bfloat16, 8)
     out = check_expand(x, pos, pte, "cpu", flavor, "split")
     sf = sf_grid(300, 2, torch.float32, 8, True)
     split = check_with_sf(x, sf, 32, pos, pte, True, "cpu", flavor, "split sf")
-    monkeypatch.setenv(THREADS_ENV, "1")
+    vmi_env.setenv(THREADS_ENV, "1")
     assert_bitwise_equal(expand_to_fused(x, pos, pte, target="cpu", flavor=flavor), out, "one thread")
     one = expand_to_fused_with_sf((x, sf), 32, pos, pte, True, target="cpu", flavor=flavor)
     assert_bitwise_equal(one[1], split[1], "one thread sf")

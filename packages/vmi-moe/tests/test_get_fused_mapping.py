@@ -104,11 +104,11 @@ def test_row_counts_and_trimming():
         assert torch.equal(a, b[:used]) and (b[used:] == -1).all()
 
 
-def test_rows_do_not_depend_on_cpu_threads(monkeypatch):
+def test_rows_do_not_depend_on_cpu_threads(vmi_env):
     idx = id_routing(8 * BLOCK_M + 9, 256, 8, 2)
     outputs = {}
     for threads in ("1", "2", "3"):
-        monkeypatch.setenv(THREADS_ENV, threads)
+        vmi_env.setenv(THREADS_ENV, threads)
         outputs[threads] = get_fused_mapping(idx, 256, 0, 128, target="cpu")
     for threads in ("2", "3"):
         for a, b in zip(outputs["1"][:7], outputs[threads][:7], strict=True):

@@ -119,11 +119,11 @@ def test_rounded_products_and_ties():
         check_both(idx, 72, num_aux_topk, f"unused={unused} k={num_aux_topk}", expected, target="cpu")
 
 
-def test_counts_do_not_depend_on_cpu_threads(monkeypatch):
+def test_counts_do_not_depend_on_cpu_threads(vmi_env):
     idx = id_routing(8 * BLOCK_M + 9, 72, 6, 2, "repeats")
     results = {}
     for threads in ("1", "2", "3"):
-        monkeypatch.setenv(THREADS_ENV, threads)
+        vmi_env.setenv(THREADS_ENV, threads)
         results[threads] = (group_count(idx, 72, target="cpu"), aux_fi(idx, 72, 6, target="cpu"))
     for threads in ("2", "3"):
         for a, b in zip(results["1"], results[threads], strict=True):

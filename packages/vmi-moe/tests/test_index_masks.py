@@ -162,11 +162,11 @@ def test_mask_planned_call_checks_the_ids_again():
         mask_indices_by_tp(ids, 256, 8, 1, 2, target="cpu")
 
 
-def test_mask_rows_do_not_depend_on_cpu_threads(monkeypatch):
+def test_mask_rows_do_not_depend_on_cpu_threads(vmi_env):
     ids = expert_ids(20 * MASK_BLOCK_M + 9, 8, 256, 4)
     results = {}
     for threads in ("1", "3"):
-        monkeypatch.setenv(THREADS_ENV, threads)
+        vmi_env.setenv(THREADS_ENV, threads)
         results[threads] = mask_indices_by_tp(ids, 256, 8, 1, 2, target="cpu")
     assert_bitwise_equal(results["3"], results["1"], "3 threads")
     assert_bitwise_equal(results["1"], reference_mask(ids, 256, 8, 1, 2), "reference")
@@ -267,11 +267,11 @@ def test_unique_bad_ids_raise_and_leave_the_input_unchanged(target, bad):
     assert_bitwise_equal(ids, before, "group_indices after the error")
 
 
-def test_unique_rows_do_not_depend_on_cpu_threads(monkeypatch):
+def test_unique_rows_do_not_depend_on_cpu_threads(vmi_env):
     ids = group_ids(20 * UNIQUE_BLOCK_M + 9, 6, 8, 4)
     results = {}
     for threads in ("1", "3"):
-        monkeypatch.setenv(THREADS_ENV, threads)
+        vmi_env.setenv(THREADS_ENV, threads)
         results[threads] = check_unique(ids, 8, f"{threads} threads")
     assert_bitwise_equal(results["3"], results["1"], "3 threads")
 

@@ -224,11 +224,11 @@ def test_out_preallocated_and_determinism(flavor: str, target: str) -> None:
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_rows_split_over_threads(flavor: str, monkeypatch) -> None:
+def test_rows_split_over_threads(flavor: str, vmi_env) -> None:
     """The replica choice and the random draws use the global token index, also when rows are split."""
     case = EVERYTHING[flavor]
     T = 1000
-    monkeypatch.setenv(THREADS_ENV, "3")
+    vmi_env.setenv(THREADS_ENV, "3")
     assert len(row_ranges(T, 3, gate_spec(case).block_m, 256)) >= 2
     inp = gate_inputs(case, T, 50, padded=10)
     mp, count = inp.options["to_physical_map"], inp.options["logical_count"]
@@ -240,9 +240,9 @@ def test_rows_split_over_threads(flavor: str, monkeypatch) -> None:
                 row = case.E + j
                 dup = (ep_rank + t * 23333) % int(count[row])
                 assert int(idx[t, case.K + j]) == int(mp[row, dup]), f"token {t}, shared slot {j}"
-        monkeypatch.setenv(THREADS_ENV, "1")
+        vmi_env.setenv(THREADS_ENV, "1")
         idx1, weights1, _, _ = run_kernel(case, inp, ep_rank)
-        monkeypatch.setenv(THREADS_ENV, "3")
+        vmi_env.setenv(THREADS_ENV, "3")
         assert_bitwise_equal(idx1, idx, "one thread: topk_idx")
         assert_bitwise_equal(weights1, weights, "one thread: topk_weights")
     assert len({tuple(r) for r in idx[inp.forced].tolist()}) > 1

@@ -129,17 +129,17 @@ def test_each_token_reads_its_own_sequence_row(flavor: str, target: str, num_seq
 
 
 @pytest.mark.parametrize("num_seqs", [8, 1200])
-def test_rows_split_across_threads(monkeypatch, num_seqs: int) -> None:
+def test_rows_split_across_threads(vmi_env, num_seqs: int) -> None:
     """1200 tokens over three threads (ranges start at multiples of the work tile, inside
     sequences) give the single-thread bits; each thread's kernel gets its row offset."""
     case = Case(72, 6, "ascend", True)
     data = gate_data(case, 1200, num_seqs, 30)
-    monkeypatch.setenv(THREADS_ENV, "3")
+    vmi_env.setenv(THREADS_ENV, "3")
     starts = [start for start, _ in row_ranges(1200, cpu_threads(), spec_of(case).block_m, 256)[1:]]
     assert starts, "no thread split"
     assert num_seqs == 1200 or any(start % (1200 // num_seqs) for start in starts)
     split = run(case, data)
-    monkeypatch.setenv(THREADS_ENV, "1")
+    vmi_env.setenv(THREADS_ENV, "1")
     single = run(case, data)
     assert_bitwise_equal(split, single, "3 threads vs 1")
     assert_matches_reference(split, data.args(), data.aux(case), f"Nseq={num_seqs}")

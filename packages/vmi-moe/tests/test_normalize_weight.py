@@ -156,13 +156,13 @@ def test_signed_zero_and_overflowing_quotients(flavor: str, target: str) -> None
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_rows_split_over_threads(flavor: str, monkeypatch) -> None:
-    monkeypatch.setenv(THREADS_ENV, "3")
+def test_rows_split_over_threads(flavor: str, vmi_env) -> None:
+    vmi_env.setenv(THREADS_ENV, "3")
     T = 2500
     assert len(row_ranges(T, 3, BLOCK_M, 4 * BLOCK_M)) >= 2
     w = weights_for(T, 8, 9)
     d, n = check_against_reference(w, flavor, "split")
-    monkeypatch.setenv(THREADS_ENV, "1")
+    vmi_env.setenv(THREADS_ENV, "1")
     d1, n1 = normalize_weight(w, target="cpu", flavor=flavor)
     assert_bitwise_equal(d1, d, "one thread")
     assert_bitwise_equal(n1, n, "one thread")

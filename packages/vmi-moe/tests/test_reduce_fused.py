@@ -237,13 +237,13 @@ def test_preallocated_out_and_plans(flavor: str) -> None:
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_rows_split_over_threads(flavor: str, monkeypatch) -> None:
-    monkeypatch.setenv(THREADS_ENV, "3")
+def test_rows_split_over_threads(flavor: str, vmi_env) -> None:
+    vmi_env.setenv(THREADS_ENV, "3")
     T = 200
     assert len(row_ranges(T, 3, BLOCK_M, 32)) >= 2
     args = inputs_for("fp32", "", T, 4, 40, 11, 0)
     out = check(*args, "cpu", flavor, "split")
-    monkeypatch.setenv(THREADS_ENV, "1")
+    vmi_env.setenv(THREADS_ENV, "1")
     assert_bitwise_equal(reduce_fused(*args, target="cpu", flavor=flavor), out, "one thread")
 
 

@@ -99,14 +99,14 @@ def test_signed_zeros_subnormals_and_extremes() -> None:
     assert_bitwise_equal(idx, stable_topk(x, 11))
 
 
-def test_rows_split_over_threads(monkeypatch) -> None:
-    monkeypatch.setenv(THREADS_ENV, "3")
+def test_rows_split_over_threads(vmi_env) -> None:
+    vmi_env.setenv(THREADS_ENV, "3")
     E, K, T = 72, 6, 1000
     assert len(row_ranges(T, 3, TopkGateSpec(E, K).block_m, 256)) >= 2
     x = scores_for(T, E, 7)
     idx = topk_gate(x, K, target="cpu")
     assert_bitwise_equal(idx, stable_topk(x, K))
-    monkeypatch.setenv(THREADS_ENV, "1")
+    vmi_env.setenv(THREADS_ENV, "1")
     assert_bitwise_equal(topk_gate(x, K, target="cpu"), idx, "one thread")
 
 

@@ -231,10 +231,10 @@ def _second_order_cases():
 
 
 @pytest.mark.parametrize("case", range(2))
-def test_second_derivative_raises_naming_the_function(case, monkeypatch):
+def test_second_derivative_raises_naming_the_function(case, vmi_env):
     """``grad(out.sum(), create_graph=True)`` gets a constant incoming gradient: the gradients are the
     first-order ones, and differentiating them raises instead of giving zeros."""
-    monkeypatch.setenv("VMI_TARGET", "torch")
+    vmi_env.setenv("VMI_TARGET", "torch")
     name, call, inputs = _second_order_cases()[case]
     loss = sum(o.float().sum() for o in call())
     grads = torch.autograd.grad(loss, inputs, create_graph=True)

@@ -126,14 +126,14 @@ def test_strided_rows():
     check_strided_rows(COVERING[0])
 
 
-def test_every_thread_count_gives_the_same_bits(monkeypatch):
+def test_every_thread_count_gives_the_same_bits(vmi_env):
     # The weight gradient's order depends on T only (blocks of 32 rows): one thread and four
     # threads (row blocks split across them) agree, and equal the reference. COVERING[0]'s kernel.
     case = COVERING[0]
     inputs = make_inputs(case, 300, 11)
     results = []
     for threads in ("1", "4"):
-        monkeypatch.setenv("VMI_CPU_THREADS", threads)
+        vmi_env.setenv("VMI_CPU_THREADS", threads)
         results.append(norm_backward(**{**inputs, "weight_grad": inputs["weight_grad"].clone()}, out_scale=case[4]))
     want = reference.norm_backward(**inputs, out_scale=case[4])
     for x_grad, weight_grad in results:

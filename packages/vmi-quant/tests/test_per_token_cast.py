@@ -324,11 +324,11 @@ def test_parallel_entry_point_matches_dispatch():
         assert_bitwise_equal(got, want)
 
 
-def test_flavor_env_default(monkeypatch):
+def test_flavor_env_default(vmi_env):
     x = randn((8, 128), 29, torch.bfloat16)
-    monkeypatch.setenv("VMI_FLAVOR", "cuda")
+    vmi_env.setenv("VMI_FLAVOR", "cuda")
     _, sf = per_token_cast(x, "e4m3", 32, round_sf=True, use_packed_ue8m0=True)
     assert sf.dtype == torch.int32 and sf.shape == (8, 1)
-    monkeypatch.setenv("VMI_FLAVOR", "ascend")
+    vmi_env.setenv("VMI_FLAVOR", "ascend")
     _, sf = per_token_cast(x, "e4m3", 32, round_sf=True, use_packed_ue8m0=True)
     assert sf.dtype == torch.int16 and sf.shape == (8, 2)

@@ -19,6 +19,11 @@ selection replays from its seed. The choice hashes each test's node id with the 
 xdist worker selects the same tests. ``--slow-budget S`` bounds the wall time they may take: a slow
 test that would start more than ``S`` seconds after the run began is skipped, saying so, so CI's
 step ends inside its budget on a slow machine and reports what it left out.
+
+Environment: vmi reads ``$VMI_TARGET``, ``$VMI_FLAVOR`` and ``$VMI_CPU_THREADS`` once
+(``vmi_core.environment``), so a test changes them through the ``vmi_env`` fixture: its ``setenv``
+and ``delenv`` are ``monkeypatch``'s followed by ``vmi_core.refresh_environment()``, and vmi reads
+the restored environment after the test.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import os
 import time
 
 import pytest
+
+from vmi_core import refresh_environment
 
 MARKERS = (
     "slow: exhaustive sweeps, run in CI's separate bounded step",
@@ -85,6 +92,29 @@ def pytest_configure(config):
     if budget is not None and not hasattr(config, "workerinput"):
         # Set in the controller before the xdist workers start: they inherit one deadline.
         os.environ[_DEADLINE] = repr(time.time() + budget)
+
+
+class VmiEnvironment:
+    """``monkeypatch.setenv`` and ``delenv``, each followed by ``vmi_core.refresh_environment()``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self._monkeypatch = monkeypatch
+
+    def setenv(self, name: str, value: str) -> None:
+        self._monkeypatch.setenv(name, value)
+        refresh_environment()
+
+    def delenv(self, name: str, raising: bool = True) -> None:
+        self._monkeypatch.delenv(name, raising=raising)
+        refresh_environment()
+
+
+@pytest.fixture
+def vmi_env():
+    """Changes vmi's environment variables for one test (see the module docstring)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield VmiEnvironment(monkeypatch)
+    refresh_environment()
 
 
 def pytest_runtest_setup(item):

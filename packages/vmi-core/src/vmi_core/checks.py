@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from .cpu_kernel import LAUNCH_RECORDER
+
 INT32_MAX = 2**31 - 1
 # Above this many elements per tensor, two views whose memory ranges intersect are taken
 # to overlap without checking element by element.
@@ -204,5 +206,8 @@ def check_in_place(t: torch.Tensor, name: str, op: str) -> torch.Tensor:
 
 def mark_written(t: torch.Tensor) -> None:
     """Bump ``t``'s version counter after a kernel wrote it in place, as torch's in-place ops do, so a
-    backward that saved ``t`` raises instead of silently using the new values."""
+    backward that saved ``t`` raises instead of silently using the new values; a launch plan repeats it."""
     torch.autograd.graph.increment_version(t)
+    recorder = LAUNCH_RECORDER.get()
+    if recorder is not None:
+        recorder.mark_written(t)

@@ -18,9 +18,10 @@ _SCALAR_CTYPES = {"int32": ctypes.c_int32, "int64": ctypes.c_int64, "float32": c
                   "float64": ctypes.c_double, "bool": ctypes.c_bool}
 
 # What watches this thread's launches, where something does: an object with ``launch(kernel, args)``
-# (before each launch), ``ranges(run, ranges)`` (runs ``cpu_parallel.run_rows``'s ranges) and
-# ``step(t, step, tensors)`` (runs ``plan.with_values``'s steps): a plan's recorder
-# (``vmi_core.plan``), or the overhead tool's launch log.
+# (before each launch), ``ranges(run, ranges)`` (runs ``cpu_parallel.run_rows``'s ranges),
+# ``step(t, step, tensors)`` (runs ``plan.with_values``'s steps) and ``mark_written(t)`` (after
+# ``checks.mark_written`` bumped ``t``): a plan's recorder (``vmi_core.plan``), or the overhead
+# tool's launch log.
 LAUNCH_RECORDER: ContextVar = ContextVar("vmi_launch_recorder", default=None)
 
 

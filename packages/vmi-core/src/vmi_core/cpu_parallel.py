@@ -3,27 +3,26 @@
 TileLang's C backend emits single-threaded code, but its ctypes call releases the
 GIL: a kernel with a runtime row count can be run from several Python threads on
 disjoint row ranges. Rows split at multiples of ``align`` so tiles (and packed
-SF words along M) never straddle two ranges.
+SF words along M) never straddle two ranges. The thread count is ``$VMI_CPU_THREADS`` (default
+all cores), read once (``vmi_core.environment``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from .cpu_kernel import LAUNCH_RECORDER
+from .environment import THREADS_ENV as THREADS_ENV
+from .environment import environment
 
-THREADS_ENV = "VMI_CPU_THREADS"
 # Fewer rows than this per thread cost more in hand-off than they gain (a few microseconds each).
 MIN_ROWS_PER_THREAD = 32
 _pool: ThreadPoolExecutor | None = None
-# Read once: os.cpu_count() reads sysfs on every call, several microseconds of a decode-size call.
-_CPU_COUNT = os.cpu_count() or 1
 
 
 def cpu_threads() -> int:
-    return max(1, int(os.environ.get(THREADS_ENV) or _CPU_COUNT))
+    return environment().cpu_threads
 
 
 def row_ranges(num_rows: int, threads: int, align: int, min_rows: int) -> list[tuple[int, int]]:

@@ -193,8 +193,8 @@ class KernelOp:
     ``run`` is described in the module docstring. ``autograd = (backward, setup_context)``
     registers a derivative (``torch.library.register_autograd``; the op must not mutate).
     ``command`` makes it an op of the ``vmi`` command; ``family`` is its package's
-    (``vmi_quant`` -> ``quant``). A repeat ``cpu`` call runs from its signature's launch plan
-    (``vmi_core.plan``) unless it gives an argument the op writes.
+    (``vmi_quant`` -> ``quant``). A repeat ``cpu`` call of either overload runs from its
+    signature's launch plan (``vmi_core.plan``).
     """
 
     def __init__(self, name: str, params: Sequence[Param], returns: Sequence[str], run: Callable, *,
@@ -213,7 +213,9 @@ class KernelOp:
         self.outs = tuple(outs)
         self.out_list = out_list
         self.run = run
-        self.plans = PlanCache(tuple(i for i, p in enumerate(self.params) if p.mutable))
+        # The mutable parameters, and the preallocated outputs after every parameter (``_out_arguments``).
+        self.plans = PlanCache(tuple(i for i, p in enumerate(self.params) if p.mutable)
+                               + tuple(range(len(self.params), len(self.params) + len(self.outs))))
         self.command = command
         self.family = run.__module__.partition(".")[0].removeprefix(f"{NAMESPACE}_")
         if name in KERNEL_OPS:
@@ -252,6 +254,11 @@ class KernelOp:
     def _fill(self, args: tuple) -> list:
         return list(args) + [p.default for p in self.params[len(args):]]
 
+    def _out_arguments(self, args: tuple, outs: Sequence) -> tuple:
+        """What the plans see of a call of ``<name>.out``: every parameter, then the preallocated
+        outputs; longer than any call of the default overload, so the two never share a signature."""
+        return (*self._fill(args), *outs)
+
     def _complete(self, args: tuple) -> list:
         """The dispatcher hands a Python kernel the arguments as the caller passed them, ``int[]``
         as lists: fill in the defaults and make those tuples again."""
@@ -278,9 +285,16 @@ class KernelOp:
             return
         _LIBRARY.define(self.schema("out"))
 
+        def launch_out(args, target, flavor):
+            params = len(self.params)
+            self.run(*self._complete(args[:params]), out=args[params:], target=target, flavor=flavor, launch=True)
+
         def kernel_out(*args, target=None, flavor=None, **outs):
-            self.run(*self._complete(args), out=tuple(outs[n] for n in self.outs), target=target, flavor=flavor,
-                      launch=True)
+            args = self._out_arguments(args, [outs[n] for n in self.outs])
+            if self.plans is None:
+                launch_out(args, target, flavor)
+            else:
+                self.plans.call(args, target, flavor, launch_out)
 
         def fake_out(*args, target=None, flavor=None, **outs):
             self.run(*self._complete(args), out=tuple(outs[n] for n in self.outs), target=target, flavor=flavor,
@@ -298,9 +312,14 @@ class KernelOp:
             given.pop()
         return tuple(given)
 
-    def plan_of(self, *args, target: str | None = None, flavor: str | None = None):
-        """The launch plan (``vmi_core.plan.Plan``) a call with ``args`` runs from, or why there is none."""
-        return self.plans.plan_of(self.dispatcher_arguments(args), target, flavor)
+    def plan_of(self, *args, out: Sequence[torch.Tensor] | None = None, target: str | None = None,
+                flavor: str | None = None):
+        """The launch plan (``vmi_core.plan.Plan``) a call with ``args`` (and ``out``, every output
+        given) runs from, or why there is none."""
+        given = self.dispatcher_arguments(args)
+        if out is not None:
+            given = self._out_arguments(given, [list(out)] if self.out_list else out)
+        return self.plans.plan_of(given, target, flavor)
 
     def check_types(self, args: tuple) -> None:
         for (param, accepts), value in zip(self._accepts, args, strict=False):

@@ -9,22 +9,31 @@ as always while a recorder watches it, and what it saw becomes the signature's p
 * the outputs' allocations (size, strides, dtype, fill value) and the views the op returns;
 * every compiled kernel's launch, with its argument values, each pointer as an offset from an
   input or an allocation, and which launches ran as concurrent row ranges;
-* fills of allocations, and the steps that read values (``with_values``: checks of an input's
-  values or of a kernel's status words, zeroing the rows a layout leaves out), in order.
+* fills of allocations, copies between allocations and the arguments the op writes (``clone``,
+  ``copy_``), the version bumps of those arguments (``checks.mark_written``), and the steps that read
+  values (``with_values``: checks of an input's values or of a kernel's status words, zeroing the
+  rows a layout leaves out), in order.
 
 A later call of that signature allocates, launches and runs those steps from the plan. A signature
 whose first call did anything else gets no plan and always runs in full: a torch operation that
-computes or writes (only allocations, views and fills of allocations are allowed), a kernel
-argument in none or several of the inputs. Calls that give an argument the op writes in place,
-preallocated outputs, or a target other than ``cpu`` are never planned. Ops read tensor values only
-through ``with_values`` (a test holds every package to that), so no value a plan would skip is read
-unseen. Settings that validation reads (``vmi_quant``'s amax clamp and token alignment) call
-``invalidate`` when they change.
+computes or writes (only allocations, views, fills of allocations and those copies are allowed), a
+kernel argument in none or several of the inputs. A target other than ``cpu`` is never planned.
+
+An argument the op writes in place (a mutable parameter, the preallocated outputs of ``.out``) is
+an input of the plan like the others. What the op's validation found about it beyond its signature
+is checked again on each planned call, which runs in full where it does not hold (and raises there
+where the op refuses the call): it overlaps no other tensor argument, and it does not require grad
+while grad mode is on. Its version counter moves as in a call without plans: replaying ``copy_``
+moves it as the recorded one did, and each ``mark_written`` of the recorded call is repeated.
+
+Ops read tensor values only through ``with_values`` (a test holds every package to that), so no
+value a plan would skip is read unseen. Settings that validation reads (``vmi_quant``'s amax clamp
+and token alignment) call ``invalidate`` when they change; the environment's are part of the
+signature (``vmi_core.environment``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,8 +41,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .cpu_kernel import LAUNCH_RECORDER, CpuKernel
-from .cpu_parallel import THREADS_ENV, run_concurrently
-from .targets import FLAVOR_ENV, TARGET_ENV
+from .cpu_parallel import run_concurrently
+from .environment import environment
 
 # Plans kept per op: a serving loop's token counts each make a signature.
 MAX_PLANS_PER_OP = 256
@@ -77,9 +86,10 @@ def _plain(t: torch.Tensor) -> bool:
 def _signature(args: tuple, target, flavor):
     """The signature of a call, or None where no plan applies (not ``cpu``, or a tensor that is
     not a plain CPU tensor)."""
-    if (target or os.environ.get(TARGET_ENV) or "cpu") != "cpu":
+    settings = environment()
+    if (target or settings.target or "cpu") != "cpu":
         return None
-    key = [_generation, flavor or os.environ.get(FLAVOR_ENV), os.environ.get(THREADS_ENV)]
+    key = [_generation, flavor or settings.flavor, settings.cpu_threads]
     for arg in args:
         if isinstance(arg, torch.Tensor):
             if not _plain(arg):
@@ -113,6 +123,13 @@ def _input_tensors(args: tuple) -> list[tuple[int, int | None, torch.Tensor]]:
 def _storage_range(t: torch.Tensor) -> tuple[int, int]:
     storage = t.untyped_storage()
     return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def _extent(t: torch.Tensor) -> int:
+    """The bytes ``t`` spans from its first element (0 when empty)."""
+    if not t.numel():
+        return 0
+    return (sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True)) + 1) * t.element_size()
 
 
 @dataclass(frozen=True)
@@ -190,22 +207,52 @@ class _Fill:
         self.view.of(bases).fill_(self.value)
 
 
+# Where a tensor of a call is: an argument path ``(argument index, list index or None)``, or a view
+# of one of its allocations.
+_Place = tuple[int, int | None] | _View
+
+
+def _argument(args: tuple, path: tuple[int, int | None]) -> torch.Tensor:
+    i, j = path
+    return args[i] if j is None else args[i][j]
+
+
+def _tensor(place: _Place, args: tuple, bases: list[torch.Tensor]) -> torch.Tensor:
+    return place.of(bases) if isinstance(place, _View) else _argument(args, place)
+
+
 @dataclass(frozen=True)
 class _Step:
-    """A ``with_values`` step: its values from input ``source`` (an argument path) or from an
-    allocation's view, its tensors views of allocations (or None)."""
+    """A ``with_values`` step: its values from ``source``, its tensors views of allocations (or None)."""
 
     step: Callable
-    source: tuple[int, int | None] | _View
+    source: _Place
     tensors: tuple[_View | None, ...]
 
     def replay(self, args: tuple, pointers: list[int], bases: list[torch.Tensor]) -> None:
-        if isinstance(self.source, _View):
-            values = self.source.of(bases)
-        else:
-            i, j = self.source
-            values = args[i] if j is None else args[i][j]
-        self.step(values.tolist(), *(None if view is None else view.of(bases) for view in self.tensors))
+        self.step(_tensor(self.source, args, bases).tolist(),
+                  *(None if view is None else view.of(bases) for view in self.tensors))
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """``copy_`` (or the copy of a ``clone``): into an allocation or an argument the op writes."""
+
+    destination: _Place
+    source: _Place
+
+    def replay(self, args: tuple, pointers: list[int], bases: list[torch.Tensor]) -> None:
+        _tensor(self.destination, args, bases).copy_(_tensor(self.source, args, bases))
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """``checks.mark_written``: a version bump."""
+
+    tensor: _Place
+
+    def replay(self, args: tuple, pointers: list[int], bases: list[torch.Tensor]) -> None:
+        torch.autograd.graph.increment_version(_tensor(self.tensor, args, bases))
 
 
 @dataclass(frozen=True)
@@ -213,27 +260,47 @@ class Plan:
     """What a call of one signature does (see the module docstring)."""
 
     inputs: tuple[tuple[int, int | None], ...]  # the tensor arguments, as pointers 0..
+    extents: tuple[int, ...]  # the bytes each input spans from its pointer
+    written: tuple[int, ...]  # the inputs the op writes in place
     allocations: tuple[_Allocation, ...]  # pointers len(inputs)..
     actions: tuple
-    outputs: tuple[_View, ...]
-    single: bool  # the op returns one tensor, not a tuple
+    returns: _View | tuple[_View, ...] | None  # a tensor, a tuple of them, or nothing
 
-    def execute(self, args: tuple):
-        pointers, bases = self._allocate(args)
+    def pointers(self, args: tuple) -> list[int]:
+        """The inputs' pointers in a call with ``args``."""
+        return [_argument(args, path).data_ptr() for path in self.inputs]
+
+    def applies(self, args: tuple, pointers: list[int]) -> bool:
+        """Whether a call with ``args`` (its inputs at ``pointers``) may run from this plan: each input
+        it writes overlaps no other input and, in grad mode, does not require grad."""
+        if not self.written:
+            return True
+        if torch.is_grad_enabled() and any(_argument(args, self.inputs[w]).requires_grad for w in self.written):
+            return False
+        extents = self.extents
+        for w in self.written:
+            lo, hi = pointers[w], pointers[w] + extents[w]
+            if lo < hi and any(k != w and extent and ptr < hi and lo < ptr + extent
+                               for k, (ptr, extent) in enumerate(zip(pointers, extents, strict=True))):
+                return False
+        return True
+
+    def execute(self, args: tuple, pointers: list[int]):
+        pointers, bases = self._allocate(pointers)
         for action in self.actions:
             action.replay(args, pointers, bases)
-        outputs = tuple(view.of(bases) for view in self.outputs)
-        return outputs[0] if self.single else outputs
+        if type(self.returns) is tuple:
+            return tuple(view.of(bases) for view in self.returns)
+        return None if self.returns is None else self.returns.of(bases)
 
-    def _allocate(self, args: tuple) -> tuple[list[int], list[torch.Tensor]]:
-        pointers = [(args[i] if j is None else args[i][j]).data_ptr() for i, j in self.inputs]
+    def _allocate(self, pointers: list[int]) -> tuple[list[int], list[torch.Tensor]]:
         bases = [allocation.make() for allocation in self.allocations]
         return pointers + [base.data_ptr() for base in bases], bases
 
     def kernels(self, args: tuple) -> tuple[Callable[[], None], int]:
         """A function that runs only this plan's kernel launches for one call with ``args`` (its
         outputs allocated once, here), and the number of launches."""
-        pointers, bases = self._allocate(args)
+        pointers, bases = self._allocate(self.pointers(args))
         groups = [action for action in self.actions if isinstance(action, _LaunchGroup)]
 
         def run() -> None:
@@ -248,12 +315,14 @@ class _Refused(Exception):
 
 
 class _Recorder(TorchDispatchMode):
-    """Watches one call (see the module docstring); ``plan(result)`` is its plan, or why it has none."""
+    """Watches one call (see the module docstring); ``plan(result)`` is its plan, or why it has none.
+    ``written``: the positions of the arguments the op writes in place."""
 
-    def __init__(self, args: tuple):
+    def __init__(self, args: tuple, written: frozenset[int]):
         super().__init__()
         self.inputs = _input_tensors(args)
         self.input_ranges = [_storage_range(t) for _, _, t in self.inputs]
+        self.written_inputs = tuple(k for k, (i, _, _) in enumerate(self.inputs) if i in written)
         self.allocations: list[tuple[torch.Tensor, object]] = []
         self.actions: list = []
         self.group: list[list] | None = None
@@ -269,35 +338,48 @@ class _Recorder(TorchDispatchMode):
         result = func(*args, **kwargs)
         if self.in_step:
             return result
-        if func in _ALLOCATIONS:
-            fill = _ALLOCATIONS[func]
-            self.allocations.append((result, args[1] if fill == "value" else fill))
-        elif func in _FILLS:
-            fill = _FILLS[func]
-            try:
+        try:
+            if func in _ALLOCATIONS:
+                fill = _ALLOCATIONS[func]
+                self.allocations.append((result, args[1] if fill == "value" else fill))
+            elif func in _FILLS:
+                fill = _FILLS[func]
                 self.actions.append(_Fill(self._view(args[0]), args[1] if fill == "value" else fill))
-            except _Refused as refused:
-                self.refuse(str(refused))
-        elif func not in _VIEWS:
-            self.refuse(f"it runs {func}")
+            elif func is _aten.clone.default:
+                self.allocations.append((result, None))
+                self.actions.append(_Copy(self._view(result), self._place(args[0])))
+            elif func is _aten.copy_.default:
+                self.actions.append(_Copy(self._place(args[0], writes=True), self._place(args[1])))
+            elif func not in _VIEWS:
+                self.refuse(f"it runs {func}")
+        except _Refused as refused:
+            self.refuse(str(refused))
         return result
 
     def _allocation_of(self, t: torch.Tensor) -> int:
-        ptr = t.untyped_storage().data_ptr()
+        # By storage, not address: every empty storage is at address 0.
         for i, (allocation, _) in enumerate(self.allocations):
-            if allocation.untyped_storage().data_ptr() == ptr:
+            if torch._C._is_alias_of(t, allocation):
                 return i
-        raise _Refused("a tensor it checks, fills or returns is not one it allocated")
+        raise _Refused("a tensor it checks, fills, copies or returns is not one it allocated")
 
     def _view(self, t: torch.Tensor) -> _View:
         return _View(self._allocation_of(t), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
 
+    def _place(self, t: torch.Tensor, writes: bool = False) -> _Place:
+        """Where ``t`` is: an argument (with ``writes``, one the op writes), else a view of an allocation."""
+        for k, (i, j, given) in enumerate(self.inputs):
+            if given is t:
+                if writes and k not in self.written_inputs:
+                    raise _Refused("it writes an argument that the op does not declare written")
+                return i, j
+        return self._view(t)
+
     def step(self, t: torch.Tensor, step: Callable, tensors: tuple) -> None:
         """Run a ``with_values`` step unwatched, and record it."""
         try:
-            inputs = [k for k, (_, _, given) in enumerate(self.inputs) if given is t]
-            source = self.inputs[inputs[0]][:2] if inputs else self._view(t)
-            self.actions.append(_Step(step, source, tuple(None if u is None else self._view(u) for u in tensors)))
+            self.actions.append(_Step(step, self._place(t), tuple(None if u is None else self._view(u)
+                                                                  for u in tensors)))
         except _Refused as refused:
             self.refuse(str(refused))
         self.in_step = True
@@ -305,6 +387,13 @@ class _Recorder(TorchDispatchMode):
             step(t.tolist(), *tensors)
         finally:
             self.in_step = False
+
+    def mark_written(self, t: torch.Tensor) -> None:
+        """Record ``checks.mark_written(t)``."""
+        try:
+            self.actions.append(_Mark(self._place(t, writes=True)))
+        except _Refused as refused:
+            self.refuse(str(refused))
 
     def ranges(self, run: Callable[[int, int], None], ranges: list[tuple[int, int]]) -> None:
         """``run`` over ``ranges`` one after the other in this thread, recorded as one group."""
@@ -354,42 +443,45 @@ class _Recorder(TorchDispatchMode):
         """The plan of the call that returned ``result``, or why it has none."""
         if self.refusal is not None:
             return self.refusal
-        single = isinstance(result, torch.Tensor)
-        results = (result,) if single else result
-        if not all(isinstance(t, torch.Tensor) for t in results):
-            return "it returns something other than tensors"
         try:
-            outputs = tuple(self._view(t) for t in results)
+            if result is None:
+                returns = None
+            elif isinstance(result, torch.Tensor):
+                returns = self._view(result)
+            elif isinstance(result, tuple) and all(isinstance(t, torch.Tensor) for t in result):
+                returns = tuple(self._view(t) for t in result)
+            else:
+                return "it returns something other than tensors"
         except _Refused as refused:
             return str(refused)
         allocations = tuple(_Allocation(tuple(t.shape), t.stride(), t.dtype, fill, t.is_contiguous())
                             for t, fill in self.allocations)
-        return Plan(tuple(path[:2] for path in self.inputs), allocations, tuple(self.actions), outputs, single)
+        return Plan(tuple(path[:2] for path in self.inputs), tuple(_extent(t) for _, _, t in self.inputs),
+                    self.written_inputs, allocations, tuple(self.actions), returns)
 
 
 class PlanCache:
-    """The plans of one op by signature (see the module docstring)."""
+    """The plans of one op by signature (see the module docstring); ``written``: the positions of the
+    arguments the op writes in place."""
 
     def __init__(self, written: tuple[int, ...] = ()):
         self._plans: dict = {}
-        self._written = written  # the positions of the parameters the op writes in place
-
-    def _signature(self, args: tuple, target, flavor):
-        if any(i < len(args) and args[i] is not None for i in self._written):
-            return None
-        return _signature(args, target, flavor)
+        self._written = frozenset(written)
 
     def call(self, args: tuple, target: str | None, flavor: str | None, launch: Callable):
         """``launch(args, target, flavor)``'s result for a call with dispatcher arguments ``args``:
-        from the signature's plan where it has one, else by launching (and, the first time,
-        recording) it."""
-        key = self._signature(args, target, flavor)
+        from the signature's plan where it has one that applies, else by launching (and, the first
+        time, recording) it."""
+        key = _signature(args, target, flavor)
         plan = None if key is None else self._plans.get(key, _UNSEEN)
         if type(plan) is Plan:
-            return plan.execute(args)
+            pointers = plan.pointers(args)
+            if plan.applies(args, pointers):
+                return plan.execute(args, pointers)
+            return launch(args, target, flavor)
         if plan is not _UNSEEN:
             return launch(args, target, flavor)
-        recorder = _Recorder(args)
+        recorder = _Recorder(args, self._written)
         token = LAUNCH_RECORDER.set(recorder)
         try:
             with recorder:
@@ -403,10 +495,9 @@ class PlanCache:
 
     def plan_of(self, args: tuple, target: str | None, flavor: str | None) -> Plan | str:
         """The plan of the signature of a call with dispatcher arguments ``args``, or why it has none."""
-        key = self._signature(args, target, flavor)
+        key = _signature(args, target, flavor)
         if key is None:
-            return ("plans are made for plain cpu tensors on the cpu target, when no argument the op writes is "
-                    "given")
+            return "plans are made for plain cpu tensors on the cpu target"
         return self._plans.get(key, "no call of this signature yet")
 
 

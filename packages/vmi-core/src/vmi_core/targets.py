@@ -21,22 +21,23 @@ Every op takes them as the keyword-only ``target`` and ``flavor`` (its docstring
 ``ascend-sim`` and ``cuda`` always use their own. Errors, raised before any kernel runs:
 ``TypeError`` when either is neither a str nor None; ``ValueError`` when either is unknown, a
 kernel target does not match the device, or ``flavor`` is not the own flavor of ``ascend``,
-``ascend-sim`` or ``cuda``.
+``ascend-sim`` or ``cuda``. vmi reads ``$VMI_TARGET`` and ``$VMI_FLAVOR`` once: after changing one in
+a running process, call ``vmi_core.refresh_environment()`` (see ``vmi_core.environment``).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from .environment import FLAVOR_ENV as FLAVOR_ENV
+from .environment import TARGET_ENV as TARGET_ENV
+from .environment import environment
+
 TARGETS = ("ascend", "cuda", "cpu", "ascend-sim")
 PSEUDO_TARGETS = ("torch",)
 FLAVORS = ("ascend", "cuda")
-
-TARGET_ENV = "VMI_TARGET"
-FLAVOR_ENV = "VMI_FLAVOR"
 
 _DEVICE_TO_TARGET = {"npu": "ascend", "cuda": "cuda", "cpu": "cpu"}
 _TARGET_TO_DEVICE = {"ascend": "npu", "cuda": "cuda", "cpu": "cpu", "ascend-sim": "cpu"}
@@ -104,7 +105,7 @@ def resolve_target(tensor: torch.Tensor, target: str | None = None) -> str:
     """
     # Meta tensors only ever reach an op's shape function, which takes any target's layouts.
     device_target = "torch" if tensor.device.type == "meta" else target_of_device(tensor.device)
-    chosen = target or os.environ.get(TARGET_ENV) or device_target
+    chosen = target or environment().target or device_target
     if chosen not in TARGETS + PSEUDO_TARGETS:
         raise ValueError(f"target must be one of {TARGETS + PSEUDO_TARGETS}, got {chosen!r}")
     if chosen in TARGETS and tensor.device.type != "meta" and _TARGET_TO_DEVICE[chosen] != tensor.device.type:
@@ -127,7 +128,7 @@ def resolve_flavor(target: str, flavor: str | Flavor | None = None) -> Flavor:
         return own
     if target not in ("cpu", "torch"):
         raise ValueError(f"target must be one of {TARGETS + PSEUDO_TARGETS}, got {target!r}")
-    return get_flavor(flavor or os.environ.get(FLAVOR_ENV) or "ascend")
+    return get_flavor(flavor or environment().flavor or "ascend")
 
 
 def device_of(target: str) -> str:
@@ -157,6 +158,6 @@ def require_kernel(op: str, x, target: str | None) -> None:
     if isinstance(tensor, torch.Tensor):
         chosen = resolve_target(tensor, target)
     else:
-        chosen = target or os.environ.get(TARGET_ENV)
+        chosen = target or environment().target
     if chosen == "torch":
         raise ValueError(f"{op} always runs the kernel; target 'torch' is the reference")

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import torch
 from torch.utils.benchmark import Timer
 
-from ..cpu_parallel import THREADS_ENV
+from ..environment import THREADS_ENV, refresh_environment
 
 # Row chunks whose temporaries stay in cache: the chunk the baselines try besides the whole tensor.
 CHUNK_ROWS = 128
@@ -143,6 +143,7 @@ def threads(n: int):
     saved_torch, saved_env = torch.get_num_threads(), os.environ.get(THREADS_ENV)
     torch.set_num_threads(n)
     os.environ[THREADS_ENV] = str(n)
+    refresh_environment()
     try:
         yield
     finally:
@@ -151,6 +152,7 @@ def threads(n: int):
             os.environ.pop(THREADS_ENV, None)
         else:
             os.environ[THREADS_ENV] = saved_env
+        refresh_environment()
 
 
 def copy_bandwidth(nbytes: int = COPY_BYTES, min_run_time: float = MIN_RUN_TIME) -> float:
