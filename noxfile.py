@@ -55,8 +55,9 @@ for _name, _dir in TEST_DIRS.items():
 
 @nox.session(venv_backend="none")
 def integration(session: nox.Session) -> None:
-    """Cross-package tests (not slow), plus the DeepSeek-V4-style block and its 2-rank expert-parallel
-    variant (marker ``block``: slow for the default run, which they would take past its budget)."""
+    """Cross-package tests (not slow), plus the DeepSeek-V4-style block and its expert-parallel training
+    step on 2 and 4 ranks under torchrun (marker ``block``: slow for the default run, which they would
+    take past its budget; about 2 minutes)."""
     _pytest(session, "-m", "not slow or block", INTEGRATION_DIR)
 
 

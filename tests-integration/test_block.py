@@ -1,4 +1,4 @@
-"""The DeepSeek-V4-style block of ``vmi_devkit.block`` across vmi-quant, vmi-moe and vmi-mhc.
+"""The DeepSeek-V4-style block of ``vmi.block`` across vmi-quant, vmi-moe and vmi-mhc.
 
 * Forward, cpu kernels against the references (the same public functions on target ``"torch"``):
   every stage bit for bit (the gate's scores too: both sides evaluate the correctly rounded
@@ -21,8 +21,7 @@ import pytest
 import torch
 
 import vmi_moe
-from vmi_core.tools.testing import assert_bitwise_equal
-from vmi_devkit.block import (
+from vmi.block import (
     BlockConfig,
     Kernels,
     expert_frequencies,
@@ -31,6 +30,7 @@ from vmi_devkit.block import (
     relative_error,
     run_block,
 )
+from vmi_core.tools.testing import assert_bitwise_equal
 
 pytestmark = [pytest.mark.block, pytest.mark.slow]
 
@@ -136,11 +136,11 @@ def check_balance_gradient_matches_float64_autograd():
         assert errors[name] <= 2**-6, (name, errors[name])
 
 
-def test_demo_prints_the_stage_table_and_errors(capsys, monkeypatch):
-    from vmi_core.cpu_parallel import THREADS_ENV
-    from vmi_devkit.demo import main
+def test_demo_prints_the_stage_table_and_errors(capsys, vmi_env):
+    from vmi.demo import main
+    from vmi_core.environment import THREADS_ENV
 
-    monkeypatch.setenv(THREADS_ENV, "1")  # restored afterwards: the demo sets it for its process
+    vmi_env.setenv(THREADS_ENV, "1")  # restored afterwards: the demo sets it for its process
     assert main(["--repeat", "1"]) == 0
     out = capsys.readouterr().out
     for stage in ("expand_to_mhc", "mhc_pre", "RMSNorm + E4M3 cast", "moe_topk_gate", "routing layout", "dispatch",

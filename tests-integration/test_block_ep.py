@@ -1,4 +1,4 @@
-"""The expert-parallel block of ``vmi_devkit.block_ep`` on 2 and 4 ranks that torchrun starts (cpu,
+"""The expert-parallel block of ``vmi.block_ep`` on 2 and 4 ranks that torchrun starts (cpu,
 gloo), forward and backward, against the single-process block.
 
 Each test runs torchrun on this file, whose ``__main__`` is the ranks' work: every rank takes its
@@ -63,8 +63,8 @@ def _rank_of_expert(expert: int, world_size: int) -> tuple[int, int]:
 
 
 def check_comparison(result: dict, world_size: int, sequences: int, length: int, muted: tuple[int, ...]):
+    from vmi.block import relative_error
     from vmi_core.tools.testing import assert_bitwise_equal
-    from vmi_devkit.block import relative_error
 
     tokens = sequences * length
     assert result["rank_tokens"] == [(r + 1) * tokens // world_size - r * tokens // world_size
@@ -124,7 +124,7 @@ def test_an_error_on_a_rank_names_the_rank(monkeypatch):
     """A rank's exception comes out as ``RankError`` naming it (torchrun's environment of one rank)."""
     import socket
 
-    from vmi_devkit.block_ep import RankError, on_each_rank
+    from vmi.block_ep import RankError, on_each_rank
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,8 +152,8 @@ def _rank_work(args) -> None:
     """Each rank's part of a test: the scenarios' comparisons, saved by rank 0."""
     import dataclasses
 
-    from vmi_devkit.block import BlockConfig, Kernels, make_params
-    from vmi_devkit.block_ep import compare_with_single_process, on_each_rank
+    from vmi.block import BlockConfig, Kernels, make_params
+    from vmi.block_ep import compare_with_single_process, on_each_rank
 
     def work(rank: int, world_size: int) -> None:
         if rank == args.hang_rank:

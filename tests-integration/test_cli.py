@@ -266,13 +266,13 @@ def test_demo_finds_demos_through_their_entry_point_group(monkeypatch, capsys):
     assert "unrecognized arguments: --ep 2" in capsys.readouterr().err
 
 
-def test_devkit_declares_the_block_demo():
-    """The development kit's ``vmi.demos`` entry point names a callable (installed by scripts/setup)."""
+def test_the_meta_package_declares_the_block_demo():
+    """The meta-package's ``vmi.demos`` entry point names a callable (installed by scripts/setup)."""
     from importlib import import_module
     from pathlib import Path
 
     tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
-    with open(Path(__file__).resolve().parents[1] / "shared" / "pyproject.toml", "rb") as f:
+    with open(Path(__file__).resolve().parents[1] / "packages" / "vmi" / "pyproject.toml", "rb") as f:
         demos = tomllib.load(f)["project"]["entry-points"]["vmi.demos"]
     module, name = demos["block"].split(":")
     assert callable(getattr(import_module(module), name))

@@ -391,10 +391,10 @@ def cmd_cache(ops, args) -> int:
 
 
 # `vmi demo` runs the callables of this entry-point group (``main(argv) -> exit status``), declared by
-# the packages that ship demos (the development kit's block); vmi-core itself imports none of them.
+# the packages that ship demos (the meta-package vmi's block); vmi-core itself imports none of them.
 DEMO_GROUP = "vmi.demos"
 DEFAULT_DEMO = "block"
-NO_DEMO = "none (the demos come with the vmi repository's development kit, shared/)"
+NO_DEMO = "none (`pip install vmi` installs the block demo)"
 
 
 def cmd_demo(ops, args) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vmi_core.cpu_parallel import THREADS_ENV
+from vmi_core.environment import THREADS_ENV, refresh_environment
 
 from .block import (
     BlockConfig,
@@ -146,6 +146,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ[THREADS_ENV] = str(args.threads)
+    refresh_environment()
     if args.ep is not None:
         return _expert_parallel(args, argv)
     c = BlockConfig(num_sequences=args.sequences, sequence_length=args.sequence_length)
