@@ -54,11 +54,15 @@ CACHE_DIR_ENV = "VMI_CACHE_DIR"
 LOG_ENV = "VMI_LOG"
 # TileLang's loggers: it reports every compile at INFO on the terminal.
 TILELANG_LOGGERS = ("tilelang", "tilelang.jit.kernel", "tilelang.cache.kernel_cache")
+# TileLang warns (on stdout) when it finds a kernel in its memory cache: for vmi an expected event,
+# two specialisations of one body that lower to the same kernel. Shown only from INFO down.
+QUIET_AT_WARNING = "tilelang.cache.kernel_cache"
 
 
 def configure_tilelang_logging(level: int | str | None = None) -> None:
     """Set TileLang's loggers to ``level``: default ``$VMI_LOG`` (a ``logging`` level name such as
-    ``INFO``), else ``WARNING``, so that a library call prints nothing of its compiles. vmi sets the
+    ``INFO``), else ``WARNING``, so that a library call prints nothing of its compiles (the memory
+    cache's warning only from ``INFO`` down: ``QUIET_AT_WARNING``). vmi sets the
     default at its first lowering or compile unless this ran before. TileLang sets its own levels when
     it is imported, so this imports it first; setting the ``tilelang`` loggers' levels later overrides it."""
     global _tilelang_logging_configured
@@ -71,7 +75,8 @@ def configure_tilelang_logging(level: int | str | None = None) -> None:
         level = logging.getLevelName(name)
     import_tilelang()
     for logger in TILELANG_LOGGERS:
-        logging.getLogger(logger).setLevel(level)
+        quiet = logger == QUIET_AT_WARNING and level >= logging.WARNING
+        logging.getLogger(logger).setLevel(max(level, logging.ERROR) if quiet else level)
     _tilelang_logging_configured = True
 
 
