@@ -268,8 +268,12 @@ def _stream_or_tiles(inside, offsets, windows, sources, value, outputs, shape):
         bases = TL.alloc_local((len(offsets),), "int64")
         for k in _indices(offsets):
             bases[k] = offsets[k]
-        V.elementwise(False, shape, lambda at: value(*[windows[k](bases[k]) for k in _indices(sources)], at),
-                      [windows[len(sources) + k](bases[len(sources) + k]) for k in _indices(outputs)])
+        sources_at = [windows[k](bases[k]) for k in _indices(sources)]
+        outputs_at = [windows[len(sources) + k](bases[len(sources) + k]) for k in _indices(outputs)]
+        if len(shape) == 1:
+            V.elementwise(False, shape, lambda at: value(*sources_at, at), outputs_at)
+        else:
+            V.elementwise_by_row(shape[0], shape[1], lambda at: value(*sources_at, at), outputs_at)
     else:
         for k in _indices(sources):
             TL.copy(sources[k][0], sources[k][1])

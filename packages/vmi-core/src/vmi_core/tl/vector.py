@@ -237,6 +237,16 @@ def _elementwise_scalar(rows: int, cols: int, value, outs, pack_e2m1: bool):
 
 
 @T.macro
+def elementwise_by_row(rows: int, cols: int, value, outs):
+    """``outs[k][i, j] = value(at)[k]`` row by row: for windows of global buffers, whose rows lie a
+    runtime stride apart, each row's columns are one contiguous loop that vectorizes (a loop over
+    both dimensions is fused and is not)."""
+    for i in T.serial(rows):
+        for j in T.Parallel(cols):
+            _store_elements(outs, value(ElementAt((i,), j)), (i, j))
+
+
+@T.macro
 def _elementwise_scalar_1d(cols: int, value, outs):
     for j in T.Parallel(cols):
         _store_elements(outs, value(ElementAt((), j)), (j,))
