@@ -20,7 +20,7 @@ from vmi_core.formats import bit_view
 from vmi_core.kernel import kernel
 from vmi_core.tl import formats as F
 from vmi_core.tl.lazy import T
-from vmi_core.tl.shell import SIMD, Shell
+from vmi_core.tl.shell import Shell
 
 from ..tl.mix import row_at
 
@@ -47,10 +47,6 @@ def build_expand_fwd(spec: ExpandSpec, target: str):
     M = TK.dynamic("M")
     H = TK.dynamic("H")
 
-    @T.macro
-    def replicate(x, o):
-        sh.elementwise((n, BH), lambda at: row_at(at).load(x), o)
-
     @TK.prim_func
     def expand_fwd_kernel(X: TK.Tensor((M, H), "uint16"), O: TK.Tensor((M, n, H), "uint16")):
         with sh.persistent_kernel() as worker:
@@ -61,10 +57,7 @@ def build_expand_fwd(spec: ExpandSpec, target: str):
                 x = sh.tile((BH,), "uint16")
                 o = sh.tile((n, BH), "uint16")
                 sh.buffer_versions({x: VERSIONS, o: VERSIONS})
-                sh.copy(X[t, h0], x)
-                with sh.vector(SIMD):
-                    replicate(x, o)
-                sh.copy(o, O[t, 0, h0])
+                sh.elementwise_stream([(X[t, h0], x)], lambda x, at: row_at(at).load(x), [(o, O[t, 0, h0])])
 
     return expand_fwd_kernel
 
@@ -84,10 +77,6 @@ def build_expand_bwd(spec: ExpandSpec, target: str):
             total = total + F.bf16_to_f32(row_at(at, m).load(og))
         return F.f32_to_bf16(total)
 
-    @T.macro
-    def reduce_streams(og, xg):
-        sh.elementwise((BH,), lambda at: stream_sum(og, at), xg)
-
     @TK.prim_func
     def expand_bwd_kernel(OG: TK.Tensor((M, n, H), "uint16"), XG: TK.Tensor((M, H), "uint16")):
         with sh.persistent_kernel() as worker:
@@ -97,10 +86,7 @@ def build_expand_bwd(spec: ExpandSpec, target: str):
                 og = sh.tile((n, BH), "uint16")
                 xg = sh.tile((BH,), "uint16")
                 sh.buffer_versions({og: VERSIONS, xg: VERSIONS})
-                sh.copy(OG[t, 0, h0], og)
-                with sh.vector(SIMD):
-                    reduce_streams(og, xg)
-                sh.copy(xg, XG[t, h0])
+                sh.elementwise_stream([(OG[t, 0, h0], og)], stream_sum, [(xg, XG[t, h0])])
 
     return expand_bwd_kernel
 
