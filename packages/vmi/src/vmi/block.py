@@ -59,6 +59,7 @@ from vmi_mhc.reference.post import post_fwd_exact
 from vmi_mhc.reference.pre_apply_mix import mhc_pre_apply_mix_fwd_exact
 from vmi_mhc.reference.pre_split_mixes import pre_split_mixes_fwd_exact
 from vmi_mhc.reference.sinkhorn import sinkhorn_forward_float64
+from vmi_moe.reference.counts import frequencies
 from vmi_quant import NormCastOptions, RMSNormFunction
 
 E4M3_MAX = 448.0
@@ -518,10 +519,9 @@ def token_alignment() -> int:
 
 
 def expert_frequencies(counts: torch.Tensor, c: BlockConfig) -> torch.Tensor:
-    """``f_e = fl(count_e · E) / fl(L · K)`` per sequence (fp32): vmi-moe's ``aux_fi`` of a sequence
-    from its counts (exact integer products, each rounded to fp32 once, one IEEE division), which
-    ranks holding parts of a sequence add up before dividing."""
-    return (counts.long() * c.num_experts).float() / float(c.sequence_length * c.num_topk)
+    """``f_e`` per sequence: vmi-moe's ``aux_fi`` of each sequence from its counts, which ranks
+    holding parts of a sequence add up before dividing."""
+    return frequencies(counts, c.num_experts, c.sequence_length, c.num_topk)
 
 
 def balance_loss(scores_sum: torch.Tensor, counts: torch.Tensor, c: BlockConfig) -> torch.Tensor:

@@ -32,10 +32,14 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     Raises:
         ValueError: An entry of ``topk_idx`` outside ``[-1, num_experts)``.
     """
-    counts = _counts(topk_idx, num_experts, "topk_idx")
-    num_tokens = topk_idx.shape[0]
+    return frequencies(_counts(topk_idx, num_experts, "topk_idx"), num_experts, topk_idx.shape[0], num_aux_topk)
+
+
+def frequencies(counts: torch.Tensor, num_experts: int, num_tokens: int, num_aux_topk: int) -> torch.Tensor:
+    """fp32 ``fl(counts * E) / fl(T * num_aux_topk)`` of integer ``counts`` (any shape), zeros for
+    ``T = 0``: ``aux_fi`` from counts, e.g. counts summed over the ranks that hold parts of a batch."""
     if num_tokens == 0:
-        return torch.zeros(num_experts, dtype=torch.float32, device=counts.device)
-    numerator = (counts * num_experts).to(torch.float32)
+        return torch.zeros(counts.shape, dtype=torch.float32, device=counts.device)
+    numerator = (counts.to(torch.int64) * num_experts).to(torch.float32)
     denominator = torch.tensor(num_tokens * num_aux_topk, dtype=torch.int64, device=counts.device).to(torch.float32)
     return numerator / denominator
